@@ -1,0 +1,18 @@
+"""gspmd_py: annotate a few tensors of a JAX function, get ONE SPMD program.
+
+    import gspmd_py as gp
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    f = gp.spmd(fn, mesh, in_shardings=(gp.P("x", None), gp.P(None, "y")))
+    out = f(x, w)               # global jax.Arrays, laid out as planned
+    print(f.plan(x, w).report())
+"""
+from .errors import (AnnotationError, MeshError, PartitionWarning, ShardingError, SpecError,
+                     TileAssignmentError, UnsupportedOpError)
+from .mesh import AxisRef, Mesh
+from .sharding import P, Sharding
+from .annotate import annotate, mesh_split, tag
+
+__all__ = [
+    "AnnotationError", "AxisRef", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding", "ShardingError",
+    "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
+]

@@ -1,0 +1,118 @@
+"""User annotations as JAX primitives: ``annotate``, ``mesh_split``, ``tag``.
+
+Each is the identity on its operand. Outside ``gp.spmd`` it lowers to nothing, so the
+same function runs unpartitioned; under ``gp.spmd`` the tracer sees the primitive and
+records the constraint. They compose with ``jax.grad`` (the tangent and the cotangent
+carry the same constraint, as XLA's sharding constraints do), ``jax.vmap`` (the new
+batch dim is left open) and ``lax.scan``.
+
+    >>> y = gp.annotate(y, gp.P("x", None))         # dim 0 over mesh axis x, dim 1 replicated
+    >>> y = gp.annotate(y, gp.P("x", None), priority=1)
+    >>> y = gp.mesh_split(y, mesh, [0, -1])          # GSPMD paper API: same as P("x", None)
+    >>> y = gp.tag(y, "hidden")                      # names the value for plan.sharding_of
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .errors import AnnotationError, SpecError
+from .sharding import _entries, spec_of
+
+OPEN = "?"  # spec entry for a dim propagation may choose (Shardy's open dim); used by vmap
+
+
+def _norm_spec(spec) -> tuple:
+    try:
+        entries = spec_of(spec)
+    except SpecError as e:
+        raise AnnotationError(str(e)) from None
+    out = []
+    for e in entries:
+        if e == OPEN:
+            out.append(OPEN)
+            continue
+        names = tuple(str(a) for a in _entries(e))
+        out.append(names)
+    return tuple(out)
+
+
+def _check_array(x, what: str):
+    if isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, complex, bool)) or hasattr(x, "aval"):
+        return
+    raise AnnotationError(f"{what} expects a JAX array, got {type(x).__name__}: {x!r:.80}")
+
+
+# -- annotate -----------------------------------------------------------------------
+annotate_p = Primitive("gspmd_annotate")
+annotate_p.def_impl(lambda x, **_: x)
+annotate_p.def_abstract_eval(lambda x, **_: x)
+mlir.register_lowering(annotate_p, lambda ctx, x, **_: [x])
+
+
+def _annotate_batch(args, dims, *, spec, priority, unspecified):
+    (x,), (d,) = args, dims
+    if d is None:
+        return annotate_p.bind(x, spec=spec, priority=priority, unspecified=unspecified), d
+    spec = list(spec) + [()] * (x.ndim - 1 - len(spec))
+    spec.insert(d, OPEN)
+    return annotate_p.bind(x, spec=tuple(spec), priority=priority, unspecified=unspecified), d
+
+
+batching.primitive_batchers[annotate_p] = _annotate_batch
+ad.deflinear2(annotate_p, lambda ct, x, **kw: [annotate_p.bind(ad.instantiate_zeros(ct), **kw)])
+
+
+def annotate(x, spec, *, priority: int = 0, unspecified: bool = False):
+    """Constrain ``x`` to the sharding ``spec`` (GSPMD's sharding constraint / mesh_split).
+
+    ``priority``: lower propagates first (0 is the default and the strongest).
+    """
+    _check_array(x, "gp.annotate")
+    if not isinstance(priority, (int, np.integer)) or isinstance(priority, bool) or priority < 0:
+        raise AnnotationError(f"gp.annotate: priority must be a non-negative int, got {priority!r}")
+    spec = _norm_spec(spec)
+    x = jax.numpy.asarray(x)
+    if len(spec) > x.ndim:
+        raise SpecError(f"gp.annotate: spec with {len(spec)} entries for an array of rank {x.ndim} (shape {x.shape})")
+    return annotate_p.bind(x, spec=spec, priority=int(priority), unspecified=unspecified)
+
+
+def mesh_split(x, mesh, dims_mapping: Sequence[int], *, priority: int = 0):
+    """The GSPMD paper's API: ``dims_mapping[i]`` is the mesh axis index of tensor dim i, -1 for none."""
+    _check_array(x, "gp.mesh_split")
+    dims_mapping = list(dims_mapping)
+    entries: list[Any] = []
+    for i, m in enumerate(dims_mapping):
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
+            raise SpecError(f"gp.mesh_split: dims_mapping[{i}] = {m!r} must be an int (mesh axis index or -1)")
+        if m < -1 or m >= len(mesh.shape):
+            raise SpecError(
+                f"gp.mesh_split: dims_mapping[{i}] = {m} is not a mesh axis index of {mesh} (0..{len(mesh.shape) - 1} or -1)"
+            )
+        entries.append(None if m == -1 else mesh.axis_names[m])
+    used = [e for e in entries if e is not None]
+    if len(used) != len(set(used)):
+        raise SpecError(f"gp.mesh_split: dims_mapping {dims_mapping} maps two tensor dims to one mesh axis")
+    return annotate(x, tuple(entries), priority=priority)
+
+
+# -- tag ------------------------------------------------------------------------------
+tag_p = Primitive("gspmd_tag")
+tag_p.def_impl(lambda x, **_: x)
+tag_p.def_abstract_eval(lambda x, **_: x)
+mlir.register_lowering(tag_p, lambda ctx, x, **_: [x])
+batching.primitive_batchers[tag_p] = lambda args, dims, *, name: (tag_p.bind(args[0], name=name), dims[0])
+ad.deflinear2(tag_p, lambda ct, x, *, name: [tag_p.bind(ad.instantiate_zeros(ct), name=name + "/grad")])
+
+
+def tag(x, name: str):
+    """Name ``x`` so that ``plan.sharding_of(name)`` and ``plan.explain(name)`` find it. No constraint."""
+    _check_array(x, "gp.tag")
+    if not isinstance(name, str) or not name:
+        raise AnnotationError(f"gp.tag: name must be a non-empty string, got {name!r}")
+    return tag_p.bind(jax.numpy.asarray(x), name=name)

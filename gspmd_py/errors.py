@@ -1,0 +1,30 @@
+"""User-facing errors. Every error gspmd_py raises on bad input derives from ShardingError."""
+from __future__ import annotations
+
+
+class ShardingError(ValueError):
+    """Base of every user-facing gspmd_py error."""
+
+
+class MeshError(ShardingError):
+    """A mesh that cannot be built: bad shape, names or device ids."""
+
+
+class SpecError(ShardingError):
+    """A sharding spec that does not fit the tensor or the mesh."""
+
+
+class TileAssignmentError(ShardingError):
+    """A GSPMD tile assignment that the mesh cannot express."""
+
+
+class AnnotationError(ShardingError):
+    """An annotation on something that is not an array, or conflicting annotations."""
+
+
+class UnsupportedOpError(ShardingError):
+    """A primitive with no sharding rule."""
+
+
+class PartitionWarning(UserWarning):
+    """An op was computed replicated (involuntary full rematerialization)."""

@@ -1,0 +1,203 @@
+"""Device meshes and mesh (sub-)axes.
+
+A mesh is an n-d array of device ids with a name per axis::
+
+    >>> m = Mesh((2, 4), ("x", "y"))            # devices 0..7, row-major
+    >>> m.device_ids.tolist()
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> m.axis_size("y")
+    4
+
+A sharding may use part of an axis: ``AxisRef("y", pre=2, size=2)`` (printed
+``y:(2)2``, Shardy's notation) is the minor half of "y": view "y" (size 4) as
+``[2, 2]`` major-to-minor; the sub-axis has the major sizes' product ``pre`` = 2
+before it and size 2. A reshape that splits a dim sharded on "y" over two dims
+uses ``y:(1)2`` and ``y:(2)2``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+import attrs
+import numpy as np
+
+from .errors import MeshError, SpecError
+
+
+@attrs.frozen(order=True)
+class AxisRef:
+    """A mesh axis or a sub-axis of one: ``name:(pre)size``."""
+
+    name: str
+    pre: int
+    size: int
+    whole: bool = attrs.field(default=False, eq=False, order=False)  # the entire axis: prints as its name
+
+    def __str__(self) -> str:
+        return self.name if self.whole else f"{self.name}:({self.pre}){self.size}"
+
+    @property
+    def stop(self) -> int:
+        return self.pre * self.size
+
+    def overlaps(self, other: "AxisRef") -> bool:
+        return self.name == other.name and max(self.pre, other.pre) < min(self.stop, other.stop)
+
+    def covers(self, other: "AxisRef") -> bool:
+        return self.name == other.name and self.pre <= other.pre and other.stop <= self.stop
+
+
+_SUB_RE = re.compile(r"^\s*([^:()\s]+)\s*:\s*\(\s*(\d+)\s*\)\s*(\d+)\s*$")
+
+
+class Mesh:
+    """An n-d mesh of devices with named axes.
+
+    ``Mesh((2, 4), ("x", "y"))`` takes the first 8 jax devices row-major;
+    ``devices=`` gives explicit device ids (any permutation, flat or mesh-shaped);
+    ``Mesh.abstract(shape, names)`` needs no devices (planning at scale).
+    """
+
+    __slots__ = ("shape", "axis_names", "_ids", "_hash")
+
+    def __init__(self, shape: Sequence[int], axis_names: Sequence[str], devices=None, *, _abstract: bool = False):
+        shape = tuple(shape) if not isinstance(shape, int) else (shape,)
+        axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+        if len(shape) != len(axis_names):
+            raise MeshError(f"mesh shape {shape} has {len(shape)} axes but {len(axis_names)} names {axis_names}")
+        for n, s in zip(axis_names, shape):
+            if not isinstance(n, str) or not n or ":" in n or "(" in n:
+                raise MeshError(f"mesh axis name {n!r} must be a non-empty string without ':' or '('")
+            if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 1:
+                raise MeshError(f"mesh axis {n!r} has size {s!r}: sizes must be positive integers")
+        if len(set(axis_names)) != len(axis_names):
+            raise MeshError(f"mesh axis names {axis_names} repeat a name")
+        self.shape = tuple(int(s) for s in shape)
+        self.axis_names = axis_names
+        size = int(np.prod(self.shape, dtype=np.int64))
+        if _abstract:
+            self._ids = None
+        else:
+            self._ids = _device_ids(devices, self.shape, size)
+        self._hash = hash((self.shape, self.axis_names, None if self._ids is None else self._ids.tobytes()))
+
+    @classmethod
+    def abstract(cls, shape: Sequence[int], axis_names: Sequence[str]) -> "Mesh":
+        """A mesh with no devices: plans and lowers, but cannot run."""
+        return cls(shape, axis_names, _abstract=True)
+
+    # -- basic facts -------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def is_abstract(self) -> bool:
+        return self._ids is None
+
+    @property
+    def device_ids(self) -> np.ndarray:
+        """Device ids laid out in the mesh shape (iota for an abstract mesh)."""
+        if self._ids is None:
+            return np.arange(self.size, dtype=np.int64).reshape(self.shape)
+        return self._ids.copy()
+
+    def axis_size(self, name: str) -> int:
+        return self.shape[self.axis_index(name)]
+
+    def axis_index(self, name: str) -> int:
+        try:
+            return self.axis_names.index(name)
+        except ValueError:
+            raise SpecError(f"unknown mesh axis {name!r}: the mesh has axes {self.axis_names}") from None
+
+    def ref(self, entry) -> AxisRef:
+        """Parse an axis entry ("x", "x:(2)2" or an AxisRef) into an AxisRef, checked against the mesh."""
+        if isinstance(entry, AxisRef):
+            ref = entry
+        elif isinstance(entry, str):
+            m = _SUB_RE.match(entry)
+            if m:
+                ref = AxisRef(m.group(1), int(m.group(2)), int(m.group(3)))
+            else:
+                ref = AxisRef(entry, 1, self.axis_size(entry))
+        else:
+            raise SpecError(f"mesh axis entry {entry!r} must be an axis name (str), got {type(entry).__name__}")
+        return self.sub(ref.name, ref.pre, ref.size)
+
+    def sub(self, name: str, pre: int, size: int) -> AxisRef:
+        """The sub-axis ``name:(pre)size`` (the whole axis when pre == 1 and size == its size)."""
+        n = self.axis_size(name)
+        if size < 1 or pre < 1 or n % (pre * size) != 0:
+            raise SpecError(f"sub-axis {name}:({pre}){size} does not divide mesh axis {name!r} of size {n}")
+        return AxisRef(name, int(pre), int(size), whole=(pre == 1 and size == n))
+
+    def ref_coords(self, ref: AxisRef) -> np.ndarray:
+        """Coordinate of every device (mesh order, flat) along the (sub-)axis ``ref``."""
+        n = self.axis_size(ref.name)
+        full = np.indices(self.shape)[self.axis_index(ref.name)].reshape(-1)
+        minor = n // ref.stop
+        return (full // minor) % ref.size
+
+    def jax_devices(self) -> np.ndarray:
+        import jax
+
+        if self._ids is None:
+            raise MeshError("an abstract mesh has no devices: use plan() / lower_text(), not a call")
+        by_id = {d.id: d for d in jax.devices()}
+        return np.vectorize(lambda i: by_id[int(i)], otypes=[object])(self._ids)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Mesh):
+            return NotImplemented
+        if (self.shape, self.axis_names) != (other.shape, other.axis_names):
+            return False
+        if (self._ids is None) != (other._ids is None):
+            return False
+        return self._ids is None or bool(np.array_equal(self._ids, other._ids))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
+        kind = "abstract " if self.is_abstract else ""
+        return f"Mesh({kind}{axes})"
+
+
+def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
+    import jax
+
+    available = sorted(d.id for d in jax.devices())
+    if devices is None:
+        if size > len(available):
+            raise MeshError(
+                f"mesh shape {shape} needs {size} devices but only {len(available)} are available "
+                f"(use Mesh.abstract for planning at scale, or set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={size} before importing jax)"
+            )
+        return np.asarray(available[:size], dtype=np.int64).reshape(shape)
+    arr = np.asarray(devices, dtype=object)
+    flat = []
+    for d in arr.reshape(-1):
+        if hasattr(d, "id") and not isinstance(d, (int, np.integer)):
+            flat.append(int(d.id))
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+            flat.append(int(d))
+        else:
+            raise MeshError(f"device {d!r} is neither a device id (int) nor a jax Device")
+    if len(flat) != size:
+        raise MeshError(f"mesh shape {shape} needs {size} device ids, got {len(flat)}")
+    seen: set[int] = set()
+    dups = sorted({i for i in flat if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+    if dups:
+        raise MeshError(f"device ids {dups} appear more than once in the mesh")
+    missing = sorted(set(flat) - set(available))
+    if missing:
+        raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})")
+    return np.asarray(flat, dtype=np.int64).reshape(shape)
+
+
+def mesh_refs(mesh: Mesh, entries: Iterable) -> tuple[AxisRef, ...]:
+    return tuple(mesh.ref(e) for e in entries)

@@ -1,0 +1,329 @@
+"""Shardings: per tensor dim an ordered tuple of mesh (sub-)axes, major first.
+
+The canonical form is axis based (as Shardy's); the GSPMD tile-assignment view is
+derived from it. Worked example on ``Mesh((2, 4), ("x", "y"))``::
+
+    >>> s = Sharding(mesh, P("y", None))
+    >>> s.tile_assignment.shape          # 4 tiles on dim 0, 1 on dim 1, 2 replicas
+    (4, 1, 2)
+    >>> str(s)
+    '{devices=[4,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}'
+    >>> Sharding.from_tile_assignment(mesh, s.tile_assignment, replicate_last=True) == s
+    True
+
+Mesh axes that no dim uses are replicated over (partial tiling). A dim whose size
+does not divide by its shard count is sharded unevenly: shards of ceil(n/k), the
+tail padded.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .errors import SpecError, TileAssignmentError
+from .mesh import AxisRef, Mesh
+
+DimAxes = tuple[AxisRef, ...]
+
+
+class P(tuple):
+    """A partition spec: per tensor dim an axis name, a tuple of names (major first), or None.
+
+    ``P("x", None)`` splits dim 0 over mesh axis x; ``P(("x", "y"))`` splits dim 0 over
+    x then y. Interchangeable with ``jax.sharding.PartitionSpec``.
+    """
+
+    def __new__(cls, *entries: Any) -> "P":
+        return super().__new__(cls, entries)
+
+    def __repr__(self) -> str:
+        return "P(" + ", ".join(repr(e) for e in self) + ")"
+
+
+def _entries(entry) -> tuple:
+    if entry is None:
+        return ()
+    if isinstance(entry, (str, AxisRef)):
+        return (entry,)
+    if isinstance(entry, (tuple, list)):
+        for e in entry:
+            if not isinstance(e, (str, AxisRef)):
+                raise SpecError(f"spec entry {entry!r} must hold axis names, got {e!r}")
+        return tuple(entry)
+    raise SpecError(
+        f"spec entry {entry!r} ({type(entry).__name__}) must be an axis name, a tuple of names, or None"
+    )
+
+
+def spec_of(spec) -> tuple:
+    """Normalise a spec (P, jax PartitionSpec, tuple/list, NamedSharding) to a tuple of entries."""
+    try:
+        from jax.sharding import NamedSharding, PartitionSpec
+    except ImportError:  # pragma: no cover
+        NamedSharding = PartitionSpec = ()  # type: ignore
+    if isinstance(spec, NamedSharding):
+        spec = spec.spec
+    if isinstance(spec, (P, PartitionSpec, tuple, list)):
+        return tuple(spec)
+    raise SpecError(f"expected a partition spec such as gp.P('x', None), got {spec!r}")
+
+
+class Sharding:
+    """How a tensor is laid out on a mesh (see the module docstring).
+
+    ``partial`` lists mesh axes over which the local values are partial sums (used
+    inside the partitioner; user shardings never have it).
+    """
+
+    __slots__ = ("mesh", "dims", "partial", "_hash")
+
+    def __init__(self, mesh: Mesh, spec=(), *, partial: Iterable = (), what: str = "tensor"):
+        from jax.sharding import NamedSharding
+
+        if isinstance(spec, NamedSharding):
+            _check_named_mesh(mesh, spec, what)
+        dims: list[DimAxes] = []
+        for e in spec_of(spec):
+            dims.append(tuple(mesh.ref(a) for a in _entries(e)))
+        self.mesh = mesh
+        self.dims = tuple(dims)
+        self.partial = tuple(sorted(mesh.ref(a) for a in partial))
+        self._check(what)
+        self._hash = hash((mesh, self.dims, self.partial))
+
+    @classmethod
+    def of(cls, mesh: Mesh, dims: Sequence[Sequence[AxisRef]], partial: Iterable[AxisRef] = ()) -> "Sharding":
+        return cls(mesh, P(*[tuple(d) for d in dims]), partial=partial)
+
+    @classmethod
+    def replicated(cls, mesh: Mesh, rank: int) -> "Sharding":
+        return cls(mesh, P(*([None] * rank)))
+
+    def _check(self, what: str) -> None:
+        used: list[tuple[AxisRef, int]] = []
+        for d, axes in enumerate(self.dims):
+            for a in axes:
+                for b, e in used:
+                    if a.overlaps(b):
+                        where = f"dims {e} and {d}" if e != d else f"dim {d} twice"
+                        raise SpecError(f"{what}: mesh axis {a.name!r} is used on {where}; an axis may shard one dim only")
+                used.append((a, d))
+        for p in self.partial:
+            for b, e in used:
+                if p.overlaps(b):
+                    raise SpecError(f"{what}: mesh axis {p.name!r} is both partial-sum and sharding dim {e}")
+
+    # -- views ---------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def spec(self) -> P:
+        out = []
+        for axes in self.dims:
+            names = tuple(str(a) for a in axes)
+            out.append(None if not names else names[0] if len(names) == 1 else names)
+        return P(*out)
+
+    @property
+    def shards(self) -> tuple[int, ...]:
+        """Number of shards of each dim."""
+        return tuple(int(np.prod([a.size for a in axes], dtype=np.int64)) for axes in self.dims)
+
+    @property
+    def used_axes(self) -> tuple[AxisRef, ...]:
+        return tuple(a for axes in self.dims for a in axes)
+
+    @property
+    def num_tiles(self) -> int:
+        return int(np.prod(self.shards, dtype=np.int64))
+
+    @property
+    def is_replicated(self) -> bool:
+        return self.num_tiles == 1 and not self.partial
+
+    @property
+    def is_partially_tiled(self) -> bool:
+        return 1 < self.num_tiles < self.mesh.size
+
+    def with_rank(self, rank: int, what: str = "tensor") -> "Sharding":
+        """This sharding for a tensor of ``rank`` dims (missing trailing dims replicated)."""
+        if self.rank > rank:
+            raise SpecError(f"{what}: spec {self.spec} has {self.rank} entries but the tensor has rank {rank}")
+        if self.rank == rank:
+            return self
+        return Sharding.of(self.mesh, self.dims + ((),) * (rank - self.rank), self.partial)
+
+    def shard_index(self) -> np.ndarray:
+        """For every device (mesh order, flat): its shard index along each dim, shape [devices, rank]."""
+        cols = []
+        for axes in self.dims:
+            idx = np.zeros(self.mesh.size, dtype=np.int64)
+            for a in axes:
+                idx = idx * a.size + self.mesh.ref_coords(a)
+            cols.append(idx)
+        return np.stack(cols, axis=1) if cols else np.zeros((self.mesh.size, 0), np.int64)
+
+    @property
+    def tile_assignment(self) -> np.ndarray:
+        """GSPMD tile assignment: device ids shaped [shards..., (replicas if partially tiled)]."""
+        ids = self.mesh.device_ids.reshape(-1)
+        shards = self.shards
+        repl = self.mesh.size // max(self.num_tiles, 1)
+        idx = self.shard_index()
+        flat_tile = np.ravel_multi_index(tuple(idx.T), shards) if shards else np.zeros(self.mesh.size, np.int64)
+        order = np.lexsort((np.arange(self.mesh.size), flat_tile))  # by tile, then mesh order
+        out = ids[order]
+        if repl > 1:
+            return out.reshape(tuple(shards) + (repl,))
+        return out.reshape(tuple(shards))
+
+    def __str__(self) -> str:
+        if self.num_tiles == 1:
+            text = "{replicated}"
+        else:
+            ta = self.tile_assignment
+            dims = ",".join(str(s) for s in ta.shape)
+            devs = ",".join(str(int(d)) for d in ta.reshape(-1))
+            suffix = " last_tile_dim_replicate" if self.is_partially_tiled else ""
+            text = f"{{devices=[{dims}]{devs}{suffix}}}"
+        if self.partial:
+            text += " partial={" + ",".join(str(a) for a in self.partial) + "}"
+        return text
+
+    def shardy(self) -> str:
+        """Shardy's axis-list notation, e.g. ``[{x}, {y:(1)2}]``."""
+        dims = ", ".join("{" + ",".join(str(a) for a in axes) + "}" for axes in self.dims)
+        return f"[{dims}]"
+
+    def __repr__(self) -> str:
+        extra = f", partial={tuple(str(a) for a in self.partial)}" if self.partial else ""
+        return f"Sharding({self.shardy()}{extra})"
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sharding):
+            return NotImplemented
+        return (self.mesh, self.dims, self.partial) == (other.mesh, other.dims, other.partial)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    # -- GSPMD interop ---------------------------------------------------------
+    @classmethod
+    def from_tile_assignment(cls, mesh: Mesh, tiles, replicate_last: bool = False) -> "Sharding":
+        """The axis-based sharding whose tile assignment is ``tiles``.
+
+        Accepts any tile assignment that is a transposed, reshaped iota of the mesh's
+        device order (GSPMD's IotaTileAssignment), in particular every one this class
+        produces. Raises TileAssignmentError for one the mesh cannot express.
+        """
+        return _from_tiles(mesh, np.asarray(tiles), replicate_last)
+
+
+def _check_named_mesh(mesh: Mesh, ns, what: str) -> None:
+    jm = ns.mesh
+    names = tuple(jm.axis_names)
+    if names != mesh.axis_names or tuple(jm.devices.shape) != mesh.shape:
+        raise SpecError(
+            f"{what}: NamedSharding is over mesh axes {dict(zip(names, jm.devices.shape))}, "
+            f"not the gspmd_py mesh {dict(zip(mesh.axis_names, mesh.shape))}"
+        )
+
+
+def _mesh_strides(mesh: Mesh) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(mesh.shape):
+        strides.append(acc)
+        acc *= s
+    return list(reversed(strides))
+
+
+def _runs(v: np.ndarray, t: int, what: str) -> list[tuple[int, int]]:
+    """Minor-first (stride, length) runs of a 1-D index sequence v of length t."""
+    runs: list[tuple[int, int]] = []
+    step, left = 1, t
+    while left > 1:
+        s = int(v[step])
+        best = None
+        for r in range(left, 1, -1):
+            if left % r == 0 and all(int(v[step * i]) == i * s for i in range(r)):
+                best = r
+                break
+        if best is None:
+            raise TileAssignmentError(f"{what}: device order along a tile dim is not expressible over the mesh axes")
+        runs.append((s, best))
+        step *= best
+        left //= best
+    return runs
+
+
+def _from_tiles(mesh: Mesh, tiles: np.ndarray, replicate_last: bool) -> Sharding:
+    ids = mesh.device_ids.reshape(-1)
+    if tiles.size != mesh.size:
+        raise TileAssignmentError(f"tile assignment has {tiles.size} devices but the mesh has {mesh.size}")
+    flat = tiles.reshape(-1).astype(np.int64)
+    if sorted(flat.tolist()) != sorted(ids.tolist()):
+        bad = sorted(set(flat.tolist()) ^ set(ids.tolist()))
+        raise TileAssignmentError(f"tile assignment devices differ from the mesh's devices (mismatch: {bad[:8]})")
+    pos_of = {int(d): i for i, d in enumerate(ids)}
+    L = np.vectorize(lambda d: pos_of[int(d)])(tiles.astype(np.int64)) if tiles.size else tiles
+    L = L - L.reshape(-1)[0]
+    strides = _mesh_strides(mesh)
+    digits: list[list[tuple[int, int]]] = []  # per tile dim: minor-first (mesh-stride, size)
+    for d, t in enumerate(tiles.shape):
+        sel = [0] * tiles.ndim
+        sel[d] = slice(None)
+        v = L[tuple(sel)]
+        digits.append(_runs(v, t, f"tile dim {d}"))
+    # reconstruct and verify
+    recon = np.zeros(tiles.shape, dtype=np.int64)
+    for d, runs in enumerate(digits):
+        i = np.arange(tiles.shape[d])
+        contrib = np.zeros_like(i)
+        q = i.copy()
+        for s, r in runs:
+            contrib += (q % r) * s
+            q //= r
+        shape = [1] * tiles.ndim
+        shape[d] = -1
+        recon = recon + contrib.reshape(shape)
+    if not np.array_equal(recon, L) or L.reshape(-1)[0] != 0 or int(L.min()) != 0:
+        raise TileAssignmentError("tile assignment is not a transposed iota of the mesh's device order")
+    # map runs to (sub-)axes
+    ndims = tiles.ndim - (1 if replicate_last else 0)
+    dims: list[list[AxisRef]] = []
+    for d in range(ndims):
+        refs: list[AxisRef] = []  # minor first
+        for s, r in digits[d]:
+            while r > 1:
+                a = min(k for k in range(len(strides)) if strides[k] <= s)
+                if s % strides[a]:
+                    raise TileAssignmentError(f"tile dim {d}: device stride {s} falls inside mesh axis {mesh.axis_names[a]!r}")
+                local = s // strides[a]
+                n = mesh.shape[a]
+                room = n // local if n % local == 0 else 0
+                seg = np.gcd(room, r) if room else 0
+                if seg <= 1 or (r > room and seg != room):
+                    raise TileAssignmentError(
+                        f"tile dim {d}: {r} tiles do not fit mesh axis {mesh.axis_names[a]!r} of size {n}"
+                    )
+                refs.append(mesh.sub(mesh.axis_names[a], n // (local * seg), seg))
+                s *= seg
+                r //= seg
+        dims.append(_merge_major_first(mesh, list(reversed(refs))))
+    try:
+        return Sharding.of(mesh, dims)
+    except SpecError as e:
+        raise TileAssignmentError(f"tile assignment reuses a mesh axis: {e}") from None
+
+
+def _merge_major_first(mesh: Mesh, refs: list[AxisRef]) -> list[AxisRef]:
+    out: list[AxisRef] = []
+    for r in refs:
+        if out and out[-1].name == r.name and out[-1].stop == r.pre:
+            prev = out.pop()
+            r = mesh.sub(r.name, prev.pre, prev.size * r.size)
+        out.append(r)
+    return out

@@ -1,0 +1,102 @@
+"""Trace a JAX function into gspmd_py's IR.
+
+``trace(fn, avals)`` runs ``jax.make_jaxpr`` and converts the jaxpr: nested calls
+(jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_vjp_call) are
+inlined; scan/while/cond stay region ops whose bodies are nested Graphs; literals and
+closed-over arrays become constant Values.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from .ir import Graph, IdGen, Op, Value, new_value
+
+INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call"}
+REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
+_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+def _source(eqn) -> str:
+    try:
+        from jax._src import source_info_util
+
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover - best effort only
+        return ""
+
+
+def _open(j):
+    """(jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
+    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
+        return j.jaxpr, list(j.consts)
+    return j, []
+
+
+class _Builder:
+    def __init__(self, ids: IdGen):
+        self.ids = ids
+
+    def const(self, data) -> Value:
+        arr = np.asarray(data)
+        return new_value(self.ids, arr.shape, arr.dtype, const=arr)
+
+    def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None) -> Graph:
+        env: dict[Any, Value] = {}
+        ops: list[Op] = []
+        if inputs is None:
+            inputs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
+        for var, val in zip(jaxpr.invars, inputs):
+            env[var] = val
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.const(c)
+        self._eqns(jaxpr.eqns, env, ops)
+        outs = [self._read(env, v) for v in jaxpr.outvars]
+        return Graph(list(inputs), outs, ops)
+
+    def _read(self, env, var) -> Value:
+        if hasattr(var, "val") and not hasattr(var, "suffix") and type(var).__name__ == "Literal":
+            return self.const(var.val)
+        return env[var]
+
+    def _eqns(self, eqns, env, ops: list[Op]) -> None:
+        for eqn in eqns:
+            name = eqn.primitive.name
+            ins = [self._read(env, v) for v in eqn.invars]
+            sub = next((eqn.params[k] for k in _CALL_PARAMS if k in eqn.params and eqn.params[k] is not None), None)
+            if name in INLINE and sub is not None:
+                inner, consts = _open(sub)
+                n_extra = len(inner.invars) - len(ins)
+                if n_extra:  # custom_vjp_call may pass fewer args than the call jaxpr's invars
+                    ins = ins[-len(inner.invars):] if n_extra < 0 else ins
+                local = dict(zip(inner.invars, ins))
+                for var, c in zip(inner.constvars, consts):
+                    local[var] = self.const(c)
+                self._eqns(inner.eqns, local, ops)
+                for ov, iv in zip(eqn.outvars, inner.outvars):
+                    env[ov] = self._read(local, iv)
+                continue
+            outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+            op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=_source(eqn))
+            for o in outs:
+                o.producer = op
+            if name in REGION:
+                for key in REGION[name]:
+                    subs = eqn.params[key]
+                    for s in subs if isinstance(subs, (tuple, list)) else (subs,):
+                        j, consts = _open(s)
+                        op.regions.append(self.convert(j, consts))
+            if name == "gspmd_tag":
+                outs[0].name = eqn.params["name"]
+            ops.append(op)
+            for var, o in zip(eqn.outvars, outs):
+                env[var] = o
+
+
+def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> Graph:
+    """The IR of ``fn`` applied to flat arguments of the given shapes and dtypes."""
+    closed = jax.make_jaxpr(fn)(*avals)
+    return _Builder(IdGen()).convert(closed.jaxpr, closed.consts)

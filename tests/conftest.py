@@ -1,0 +1,25 @@
+"""Test setup: 8 CPU devices (set before jax is imported) and hypothesis profiles.
+
+Profiles: "ci" (default, keeps CI fast), "fuzz" (thousands of examples). Select with
+``GSPMD_PY_FUZZ=1`` or ``--hypothesis-profile=fuzz``.
+"""
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", max_examples=12, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+settings.register_profile(
+    "fuzz", max_examples=2000, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+settings.load_profile("fuzz" if os.environ.get("GSPMD_PY_FUZZ") else "ci")
