@@ -11,8 +11,10 @@ from .errors import (AnnotationError, MeshError, PartitionWarning, ShardingError
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
 from .annotate import annotate, mesh_split, tag
+from .api import Plan, Spmd, spmd
+from .partitioner.context import Collective
 
 __all__ = [
-    "AnnotationError", "AxisRef", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding", "ShardingError",
+    "AnnotationError", "AxisRef", "Collective", "Plan", "Spmd", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding", "ShardingError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
 ]

@@ -85,10 +85,12 @@ class Sharding:
             _check_named_mesh(mesh, spec, what)
         dims: list[DimAxes] = []
         for e in spec_of(spec):
-            dims.append(tuple(mesh.ref(a) for a in _entries(e)))
+            # canonical: adjacent sub-axes of one axis (major then minor) merge, so that
+            # ("y:(1)2", "y:(2)2") and "y" are the same (equal) sharding
+            dims.append(tuple(_merge_major_first(mesh, [mesh.ref(a) for a in _entries(e)])))
         self.mesh = mesh
         self.dims = tuple(dims)
-        self.partial = tuple(sorted(mesh.ref(a) for a in partial))
+        self.partial = tuple(_merge_major_first(mesh, sorted(mesh.ref(a) for a in partial)))
         self._check(what)
         self._hash = hash((mesh, self.dims, self.partial))
 
@@ -225,9 +227,10 @@ class Sharding:
 def _check_named_mesh(mesh: Mesh, ns, what: str) -> None:
     jm = ns.mesh
     names = tuple(jm.axis_names)
-    if names != mesh.axis_names or tuple(jm.devices.shape) != mesh.shape:
+    sizes = tuple(int(s) for s in jm.axis_sizes)  # also on an AbstractMesh (which has no .devices)
+    if names != mesh.axis_names or sizes != mesh.shape:
         raise SpecError(
-            f"{what}: NamedSharding is over mesh axes {dict(zip(names, jm.devices.shape))}, "
+            f"{what}: NamedSharding is over mesh axes {dict(zip(names, sizes))}, "
             f"not the gspmd_py mesh {dict(zip(mesh.axis_names, mesh.shape))}"
         )
 

@@ -1,0 +1,42 @@
+"""Elementwise ops: every dim of every operand and the result is one pass factor.
+
+    add  [m,n], [m,n] -> [m,n]      "i j, i j -> i j"
+    add  [m,n], []    -> [m,n]      scalar operands carry no factor
+"""
+from __future__ import annotations
+
+from .registry import register
+from .rule import ELEMENTWISE, OpRule, RuleBuilder
+
+UNARY = (
+    "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+    "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "lgamma", "digamma", "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt", "abs", "not", "imag", "real",
+    "conj", "integer_pow", "convert_element_type", "bitcast_convert_type", "population_count", "clz",
+    "reduce_precision", "copy", "copy_p", "stop_gradient", "square", "optimization_barrier_elementwise",
+    "bessel_i0e", "bessel_i1e",
+)
+NARY = (
+    "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",
+    "xor", "eq", "ne", "lt", "le", "gt", "ge", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+    "complex", "igamma", "igammac", "random_gamma_grad", "polygamma", "zeta", "select_n", "clamp",
+)
+IDENTITY = ("gspmd_annotate", "gspmd_tag")
+
+# ops through which a partial sum may flow unreduced (linear in every partial operand)
+LINEAR = frozenset({"neg", "convert_element_type", "copy", "copy_p", "add", "add_any", "sub", "real", "imag",
+                    "conj", "reduce_precision", "gspmd_tag"})
+# linear in their first operand only when the others are not partial (x*c, x/c)
+LINEAR_IN_FIRST = frozenset({"mul", "div"})
+
+
+@register(*UNARY, *NARY, *IDENTITY)
+def elementwise(op) -> OpRule:
+    shape = op.outputs[0].shape
+    b = RuleBuilder()
+    fs = b.factors(shape)
+    for v in op.inputs:
+        b.operand(fs if v.rank == len(shape) else [None] * v.rank)
+    for _ in op.outputs:
+        b.result(fs)
+    return b.build(ELEMENTWISE, handler="elementwise")

@@ -1,0 +1,68 @@
+"""gather / scatter: an honest conservative rule.
+
+    gather   operand [V,D], indices [B,1] -> [B,D]   (embedding lookup)
+             "v d, b 1 -> b d"    v: need_replication (indexed dim), b: pass (batch), d: pass (whole slice dim)
+    scatter-add operand [V,D], indices [B,1], updates [B,D] -> [V,D]
+             "v d, b 1, b d -> v d"   v, b: need_replication; d: pass
+
+Operand dims taken whole by every slice pass through to the output's offset dims; dims
+that are indexed must be replicated; index batch dims pass to the output batch dims.
+"""
+from __future__ import annotations
+
+from .registry import register
+from .rule import NEED_REPLICATION, OTHER, PASS, OpRule, RuleBuilder
+
+
+@register("gather")
+def gather(op) -> OpRule:
+    dn = op.params["dimension_numbers"]
+    slice_sizes = op.params["slice_sizes"]
+    operand, indices, out = op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape
+    b = RuleBuilder()
+    op_f: list = [None] * len(operand)
+    idx_f: list = [None] * len(indices)
+    out_f: list = [None] * len(out)
+    offset_src = [d for d in range(len(operand))
+                  if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
+    for od, d in zip(dn.offset_dims, offset_src):
+        whole = slice_sizes[d] == operand[d] and d not in dn.start_index_map
+        f = b.factor(out[od], PASS if whole else NEED_REPLICATION)
+        out_f[od] = f
+        op_f[d] = f if whole else b.factor(operand[d], NEED_REPLICATION)
+    batch_out = [d for d in range(len(out)) if d not in dn.offset_dims]
+    idx_batch = list(range(len(indices) - 1))  # jax puts the index vector last
+    idx_f[len(indices) - 1] = b.factor(indices[-1], NEED_REPLICATION) if indices else None
+    for od, idd in zip(batch_out, idx_batch):
+        f = b.factor(out[od])
+        out_f[od] = idx_f[idd] = f
+    for od_op, id_b in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+        op_f[od_op] = idx_f[id_b]
+    for d in range(len(operand)):
+        if op_f[d] is None:
+            op_f[d] = b.factor(operand[d], NEED_REPLICATION)
+    return b.operand(op_f).operand(idx_f).result(out_f).build(OTHER, handler="gather")
+
+
+@register("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
+          "scatter-max", "scatter_max")
+def scatter(op) -> OpRule:
+    dn = op.params["dimension_numbers"]
+    operand, indices, updates = op.inputs[0].shape, op.inputs[1].shape, op.inputs[2].shape
+    b = RuleBuilder()
+    op_f: list = [None] * len(operand)
+    upd_f: list = [None] * len(updates)
+    window_src = [d for d in range(len(operand))
+                  if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
+    for ud, d in zip(dn.update_window_dims, window_src):
+        if updates[ud] == operand[d] and d not in dn.scatter_dims_to_operand_dims:
+            f = b.factor(operand[d])
+            op_f[d] = upd_f[ud] = f
+    for d in range(len(operand)):
+        if op_f[d] is None:
+            op_f[d] = b.factor(operand[d], NEED_REPLICATION)
+    for d in range(len(updates)):
+        if upd_f[d] is None:
+            upd_f[d] = b.factor(updates[d], NEED_REPLICATION)
+    idx_f = [b.factor(s, NEED_REPLICATION) for s in indices]
+    return b.operand(op_f).operand(idx_f).operand(upd_f).result(op_f).build(OTHER, handler="scatter")

@@ -1,0 +1,70 @@
+"""Reductions, arg-reductions, scans along a dim, sort and top_k.
+
+    reduce_sum  [m,n] axes=(1,) -> [m]        "i j -> i"      j: reduction (partial sums)
+    reduce_max  [m,n] axes=(0,) -> [n]        "i j -> j"      i: reduction (all-reduce max)
+    argmax      [m,n] axes=(1,) -> [m]        "i j -> i"      j: reduction (value+index combine)
+    cumsum      [m,n] axis=0    -> [m,n]      "i j -> i j"    i: need_replication
+    sort        [m,n] dimension=1 -> [m,n]    "i j -> i j"    j: need_replication
+    top_k       [m,n] k         -> [m,k],[m,k] "i j -> i l, i l"   j, l: need_replication
+"""
+from __future__ import annotations
+
+from .registry import register
+from .rule import NEED_REPLICATION, OTHER, PASS, REDUCTION, OpRule, RuleBuilder
+
+REDUCERS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
+            "reduce_and": "and", "reduce_or": "or", "reduce_xor": "xor"}
+SCANS = ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+
+
+@register(*REDUCERS)
+def reduce(op) -> OpRule:
+    axes = set(op.params["axes"])
+    src = op.inputs[0].shape
+    b = RuleBuilder()
+    fs = [b.factor(s, REDUCTION if d in axes else PASS) for d, s in enumerate(src)]
+    b.operand(fs)
+    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER, handler="reduce")
+
+
+@register("argmax", "argmin")
+def argreduce(op) -> OpRule:
+    axes = set(op.params["axes"])
+    src = op.inputs[0].shape
+    b = RuleBuilder()
+    fs = [b.factor(s, REDUCTION if d in axes else PASS) for d, s in enumerate(src)]
+    b.operand(fs)
+    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER, handler="argreduce")
+
+
+@register(*SCANS)
+def scan_along(op) -> OpRule:
+    axis = op.params["axis"]
+    b = RuleBuilder()
+    fs = [b.factor(s, NEED_REPLICATION if d == axis else PASS) for d, s in enumerate(op.inputs[0].shape)]
+    return b.operand(fs).result(fs).build(OTHER, handler="cumulative")
+
+
+@register("sort")
+def sort(op) -> OpRule:
+    dim = op.params["dimension"]
+    b = RuleBuilder()
+    fs = [b.factor(s, NEED_REPLICATION if d == dim else PASS) for d, s in enumerate(op.inputs[0].shape)]
+    for _ in op.inputs:
+        b.operand(fs)
+    for _ in op.outputs:
+        b.result(fs)
+    return b.build(OTHER, handler="along_dim")
+
+
+@register("top_k")
+def top_k(op) -> OpRule:
+    src = op.inputs[0].shape
+    last = len(src) - 1
+    b = RuleBuilder()
+    fs = [b.factor(s, NEED_REPLICATION if d == last else PASS) for d, s in enumerate(src)]
+    k = b.factor(op.outputs[0].shape[-1], NEED_REPLICATION)
+    b.operand(fs)
+    for _ in op.outputs:
+        b.result(fs[:-1] + [k])
+    return b.build(OTHER, handler="along_dim")

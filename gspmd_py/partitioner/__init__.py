@@ -1,0 +1,1 @@
+"""Partitioner: rewrites a sharded program into one per-device SPMD program."""

@@ -1,0 +1,147 @@
+"""What every handler uses while the SPMD program is built: device positions, masks of
+padding, and the recorded collectives.
+
+All device-dependent quantities come from ``lax.axis_index`` inside the one SPMD program,
+so the program is the same whatever the number of devices.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .fine_mesh import FineMesh
+from .pvalue import FineDims, PValue, ceil_div, local_shape, shards
+
+
+@attrs.frozen
+class Collective:
+    """One collective of the SPMD program.
+
+    ``bytes_per_device``: size of the buffer each device sends into the collective
+    (all-gather: its shard; reduce-scatter, all-reduce, all-to-all, permute: its buffer).
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes_per_device: int
+    op: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}({','.join(self.axes)}) {self.bytes_per_device}B  <- {self.op}"
+
+
+@attrs.define
+class Fallback:
+    op: str
+    reason: str
+
+
+class Ctx:
+    def __init__(self, fine: FineMesh):
+        self.fine = fine
+        self.sizes = fine.size_of
+        self.collectives: list[Collective] = []
+        self.fallbacks: list[Fallback] = []
+        self.notes: list[str] = []
+        self.current_op = "boundary"
+        self._next_key = 0
+        self.reshard_cache: dict[tuple, PValue] = {}
+
+    # -- values ------------------------------------------------------------------
+    def pv(self, x, shape, dims: FineDims, partial: Sequence[str] = ()) -> PValue:
+        self._next_key += 1
+        return PValue(x, tuple(shape), tuple(tuple(d) for d in dims), tuple(sorted(partial)), self._next_key)
+
+    def local_shape(self, shape, dims) -> tuple[int, ...]:
+        return local_shape(shape, dims, self.sizes)
+
+    def k(self, axes: Sequence[str]) -> int:
+        return shards(self.sizes, axes)
+
+    # -- device positions ----------------------------------------------------------
+    def index(self, axes: Sequence[str]):
+        """This device's linear index over ``axes`` (major first); 0 for no axes."""
+        if not axes:
+            return jnp.int32(0)
+        return lax.axis_index(tuple(axes)).astype(jnp.int32)
+
+    def offset(self, n: int, axes: Sequence[str]):
+        """Global index of this device's first row of a dim of size n sharded over ``axes``."""
+        if not axes:
+            return jnp.int32(0)
+        return self.index(axes) * jnp.int32(ceil_div(n, self.k(axes)))
+
+    def valid(self, pv: PValue, d: int):
+        """Bool vector over pv's local dim d: True for real (non-padding) rows."""
+        n, axes = pv.shape[d], pv.dims[d]
+        c = ceil_div(n, self.k(axes)) if axes else n
+        return (lax.iota(jnp.int32, c) + self.offset(n, axes)) < n
+
+    def has_padding(self, pv: PValue, d: int) -> bool:
+        k = self.k(pv.dims[d])
+        return k > 1 and pv.shape[d] % k != 0
+
+    def mask(self, pv: PValue, dims: Sequence[int], fill) -> Any:
+        """pv's local array with padding rows along ``dims`` replaced by ``fill``."""
+        x = pv.x
+        for d in dims:
+            if not self.has_padding(pv, d):
+                continue
+            v = self.valid(pv, d)
+            shape = [1] * x.ndim
+            shape[d] = x.shape[d]
+            x = jnp.where(v.reshape(shape), x, jnp.asarray(fill, dtype=x.dtype))
+        return x
+
+    # -- recording -------------------------------------------------------------------
+    def record(self, kind: str, axes: Sequence[str], buf) -> None:
+        nbytes = int(np.prod(buf.shape, dtype=np.int64)) * np.dtype(buf.dtype).itemsize
+        label = tuple(str(r) for r in self.fine.coarse(axes))
+        self.collectives.append(Collective(kind, label, nbytes, self.current_op))
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks.append(Fallback(self.current_op, reason))
+
+    # -- collectives (each records itself) ---------------------------------------------
+    def all_gather(self, x, axes: Sequence[str], dim: int):
+        self.record("all-gather", axes, x)
+        return lax.all_gather(x, tuple(axes), axis=dim, tiled=True)
+
+    def all_reduce(self, x, axes: Sequence[str], kind: str = "sum"):
+        self.record("all-reduce", axes, x)
+        fn = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[kind]
+        return fn(x, tuple(axes))
+
+    def reduce_scatter(self, x, axes: Sequence[str], dim: int):
+        self.record("reduce-scatter", axes, x)
+        return lax.psum_scatter(x, tuple(axes), scatter_dimension=dim, tiled=True)
+
+    def all_to_all(self, x, axes: Sequence[str], split: int, concat: int):
+        self.record("all-to-all", axes, x)
+        return lax.all_to_all(x, tuple(axes), split, concat, tiled=True)
+
+    def permute(self, x, axes: Sequence[str], perm: Sequence[tuple[int, int]]):
+        self.record("collective-permute", axes, x)
+        return lax.ppermute(x, tuple(axes), perm=tuple((int(a), int(b)) for a, b in perm))
+
+
+def pad_dim(x, d: int, size: int):
+    """Pad (with zeros) or cut local dim d of x to ``size``."""
+    cur = x.shape[d]
+    if cur == size:
+        return x
+    if cur > size:
+        return lax.slice_in_dim(x, 0, size, axis=d)
+    cfg = [(0, 0)] * x.ndim
+    cfg[d] = (0, size - cur)
+    return jnp.pad(x, cfg)
+
+
+def dyn_slice_dim(x, d: int, start, size: int):
+    return lax.dynamic_slice_in_dim(x, start, size, axis=d)

@@ -1,0 +1,96 @@
+"""The execution mesh: every mesh axis split at the sub-axis boundaries the plan uses.
+
+Collectives in shard_map name whole JAX mesh axes, so a plan that shards on ``y:(1)2``
+and ``y:(2)2`` (y of size 4) runs on a JAX mesh where "y" is two axes ``y_0`` (major,
+size 2) and ``y_1`` (minor, size 2); ``y`` itself becomes the tuple ``("y_0", "y_1")``.
+The device order is unchanged: splitting an axis row-major keeps every device where it was.
+
+    >>> fm = FineMesh.build(Mesh((2, 4), ("x", "y")), [AxisRef("y", 1, 2)])
+    >>> fm.names, fm.sizes
+    (('x', 'y_0', 'y_1'), (2, 2, 2))
+    >>> fm.fine(AxisRef("y", 1, 4))
+    ('y_0', 'y_1')
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+from ..mesh import AxisRef, Mesh
+
+
+class FineMesh:
+    def __init__(self, mesh: Mesh, splits: dict[str, list[int]]):
+        self.mesh = mesh
+        self.splits = splits  # axis -> boundaries [1, b1, ..., n]
+        names, sizes = [], []
+        self._ranges: dict[str, list[tuple[str, int, int]]] = {}
+        for a, n in zip(mesh.axis_names, mesh.shape):
+            bounds = splits[a]
+            parts = []
+            for i in range(len(bounds) - 1):
+                nm = a if len(bounds) == 2 else f"{a}_{i}"
+                parts.append((nm, bounds[i], bounds[i + 1]))
+                names.append(nm)
+                sizes.append(bounds[i + 1] // bounds[i])
+            self._ranges[a] = parts
+        self.names = tuple(names)
+        self.sizes = tuple(sizes)
+        self.size_of = dict(zip(self.names, self.sizes))
+        self.owner = {nm: (a, lo, hi) for a, parts in self._ranges.items() for nm, lo, hi in parts}
+
+    @classmethod
+    def build(cls, mesh: Mesh, refs: Iterable[AxisRef]) -> "FineMesh":
+        bounds: dict[str, set[int]] = {a: {1, n} for a, n in zip(mesh.axis_names, mesh.shape)}
+        for r in refs:
+            bounds[r.name] |= {r.pre, r.pre * r.size}
+        splits = {}
+        for a, bs in bounds.items():
+            bs_sorted = sorted(bs)
+            for lo, hi in zip(bs_sorted, bs_sorted[1:]):
+                if hi % lo:
+                    raise SpecError(
+                        f"mesh axis {a!r} is split into incompatible sub-axes (boundaries {bs_sorted}); "
+                        f"sub-axes of one axis must nest"
+                    )
+            splits[a] = bs_sorted
+        return cls(mesh, splits)
+
+    def fine(self, ref: AxisRef) -> tuple[str, ...]:
+        return tuple(nm for nm, lo, hi in self._ranges[ref.name] if lo >= ref.pre and hi <= ref.stop)
+
+    def fine_dims(self, dims: Sequence[Sequence[AxisRef]]) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(f for r in axes for f in self.fine(r)) for axes in dims)
+
+    def coarse(self, names: Sequence[str]) -> tuple[AxisRef, ...]:
+        """Fine axis names back to (merged) mesh sub-axes."""
+        out: list[AxisRef] = []
+        for nm in names:
+            a, lo, hi = self.owner[nm]
+            r = self.mesh.sub(a, lo, hi // lo)
+            if out and out[-1].name == a and out[-1].stop == r.pre:
+                prev = out.pop()
+                r = self.mesh.sub(a, prev.pre, prev.size * r.size)
+            out.append(r)
+        return tuple(out)
+
+    def label(self, names: Sequence[str]) -> str:
+        return ",".join(str(r) for r in self.coarse(names))
+
+    def group_size(self, names: Sequence[str]) -> int:
+        return int(np.prod([self.size_of[n] for n in names], dtype=np.int64))
+
+    def coords(self) -> np.ndarray:
+        """[devices, fine axes] coordinates in mesh (row-major) order."""
+        return np.indices(self.sizes).reshape(len(self.sizes), -1).T
+
+    def jax_mesh(self):
+        import jax
+        from jax.sharding import AbstractMesh, AxisType
+
+        if self.mesh.is_abstract:
+            return AbstractMesh(self.sizes, self.names, axis_types=(AxisType.Auto,) * len(self.names))
+        devs = self.mesh.jax_devices().reshape(self.sizes)
+        return jax.sharding.Mesh(devs, self.names)

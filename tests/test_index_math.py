@@ -1,0 +1,342 @@
+"""Index math: Numba kernels == NumPy twins, and both == brute force on small sizes."""
+from __future__ import annotations
+
+import doctest
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from gspmd_py.partitioner import index_math as im
+
+# ----------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------
+
+
+def _eq_dict(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            assert a[key].dtype == np.int64 and b[key].dtype == np.int64, key
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            assert type(a[key]) is int and type(b[key]) is int and a[key] == b[key], key
+
+
+def _brute_n_out(n_in, window, stride, dilation, pad_lo, pad_hi, ld) -> int:
+    """Count output rows o >= 0 whose whole window fits in the padded dilated input."""
+    dilated = 0 if n_in == 0 else (n_in - 1) * ld + 1
+    total = pad_lo + dilated + pad_hi
+    o = 0
+    while o * stride + (window - 1) * dilation <= total - 1:
+        o += 1
+    return o
+
+
+def _rows_read(o, n_in, window, stride, dilation, pad_lo, ld) -> list[int]:
+    rows = []
+    for j in range(window):
+        q = o * stride + j * dilation - pad_lo
+        if q % ld == 0 and 0 <= q // ld < n_in:
+            rows.append(q // ld)
+    return rows
+
+
+window_args = st.tuples(
+    st.integers(0, 40),   # n_in
+    st.integers(1, 12),   # k
+    st.integers(1, 9),    # window (often > n_in)
+    st.integers(1, 4),    # stride
+    st.integers(1, 3),    # dilation
+    st.integers(-3, 6),   # pad_lo
+    st.integers(-3, 6),   # pad_hi
+    st.integers(1, 3),    # lhs_dilation
+)
+
+
+# ----------------------------------------------------------------------------------------
+# shard_bounds / valid_mask / offsets_for
+# ----------------------------------------------------------------------------------------
+
+@given(st.integers(0, 10_000), st.integers(1, 3000))
+def test_shard_bounds_matches_np(n, k):
+    start, stop = im.shard_bounds(n, k)
+    s2, e2 = im.shard_bounds_np(n, k)
+    assert start.dtype == stop.dtype == np.int64 and start.shape == (k,)
+    np.testing.assert_array_equal(start, s2)
+    np.testing.assert_array_equal(stop, e2)
+
+
+@given(st.integers(0, 60), st.integers(1, 70))
+def test_shard_bounds_brute(n, k):
+    c = -(-n // k)
+    start, stop = im.shard_bounds(n, k)
+    owner = np.full(n, -1)
+    for i in range(k):
+        assert start[i] <= stop[i] and stop[i] - start[i] <= c
+        owner[start[i]:stop[i]] += i + 1
+    np.testing.assert_array_equal(owner, np.arange(n) // max(c, 1))  # each row owned exactly once
+
+
+@given(st.integers(0, 500), st.integers(1, 300))
+def test_valid_mask(n, k):
+    m = im.valid_mask(n, k)
+    assert m.dtype == np.bool_ and m.shape == (k, -(-n // k))
+    np.testing.assert_array_equal(m, im.valid_mask_np(n, k))
+    start, stop = im.shard_bounds(n, k)
+    np.testing.assert_array_equal(m.sum(axis=1), stop - start)
+
+
+@given(st.lists(st.integers(0, 10**6), max_size=50), st.integers(0, 10**6))
+def test_offsets_for(idx, c):
+    a = im.offsets_for(idx, c)
+    assert a.dtype == np.int64
+    np.testing.assert_array_equal(a, im.offsets_for_np(idx, c))
+    np.testing.assert_array_equal(a, np.asarray([i * c for i in idx], dtype=np.int64).reshape(-1))
+
+
+def test_offsets_for_broadcast_and_scalar():
+    np.testing.assert_array_equal(im.offsets_for(np.arange(6).reshape(2, 3), np.array([1, 2, 3])),
+                                  np.arange(6).reshape(2, 3) * np.array([1, 2, 3]))
+    assert im.offsets_for(3, 5).shape == () and int(im.offsets_for(3, 5)) == 15
+    with pytest.raises(TypeError):
+        im.offsets_for([1.5], 2)
+
+
+# ----------------------------------------------------------------------------------------
+# window_halos
+# ----------------------------------------------------------------------------------------
+
+@given(window_args)
+def test_window_halos_matches_np(args):
+    a = im.window_halos(*args)
+    b = im.window_halos_np(*args)
+    _eq_dict(a, b)
+    # the blocked NumPy path (tiny blocks) gives the same answer
+    _eq_dict(a, im.window_halos_np(*args, block_elems=1))
+
+
+@given(st.integers(0, 3000), st.integers(1, 600), st.integers(1, 200), st.integers(1, 7),
+       st.integers(1, 5), st.integers(-10, 60), st.integers(-10, 60), st.integers(1, 5))
+def test_window_halos_matches_np_large(n_in, k, window, stride, dilation, pad_lo, pad_hi, ld):
+    args = (n_in, k, window, stride, dilation, pad_lo, pad_hi, ld)
+    _eq_dict(im.window_halos(*args), im.window_halos_np(*args))
+
+
+@given(window_args)
+def test_window_halos_brute_force(args):
+    n_in, k, window, stride, dilation, pad_lo, pad_hi, ld = args
+    h = im.window_halos(*args)
+    n_out = _brute_n_out(n_in, window, stride, dilation, pad_lo, pad_hi, ld)
+    assert h["n_out"] == n_out
+    c_out, c_in = -(-n_out // k), -(-n_in // k)
+    for i in range(k):
+        o0, o1 = min(i * c_out, n_out), min((i + 1) * c_out, n_out)
+        s0, s1 = min(i * c_in, n_in), min((i + 1) * c_in, n_in)
+        assert (h["out_start"][i], h["out_stop"][i]) == (o0, o1)
+        assert (h["shard_in_start"][i], h["shard_in_stop"][i]) == (s0, s1)
+        assert h["window_start"][i] == o0 * stride - pad_lo
+        rows = [r for o in range(o0, o1) for r in _rows_read(o, n_in, window, stride, dilation,
+                                                             pad_lo, ld)]
+        lo, hi = (min(rows), max(rows) + 1) if rows else (s0, s0)
+        assert (h["in_lo"][i], h["in_hi"][i]) == (lo, hi), (i, rows)
+        assert h["left_halo"][i] == max(0, s0 - lo)
+        assert h["right_halo"][i] == max(0, hi - s1)
+    assert h["max_left"] == int(h["left_halo"].max())
+    assert h["max_right"] == int(h["right_halo"].max())
+
+
+@given(window_args, st.integers(0, 2**31 - 1))
+def test_window_halos_local_compute(args, seed):
+    """A shard holding rows [own - left_halo, own + right_halo) computes its outputs locally
+    with the padding derived from window_start (as documented); compare to the global op."""
+    n_in, k, window, stride, dilation, pad_lo, pad_hi, ld = args
+    x = np.random.default_rng(seed).integers(1, 100, size=n_in)
+
+    def windowed_sum(xs, n_out, plo):
+        out = np.zeros(n_out, dtype=np.int64)
+        for o in range(n_out):
+            for r in _rows_read(o, xs.size, window, stride, dilation, plo, ld):
+                out[o] += xs[r]
+        return out
+
+    h = im.window_halos(*args)
+    full = windowed_sum(x, h["n_out"], pad_lo)
+    for i in range(k):
+        o0, o1 = int(h["out_start"][i]), int(h["out_stop"][i])
+        s = int(h["shard_in_start"][i] - h["left_halo"][i])
+        e = int(h["shard_in_stop"][i] + h["right_halo"][i])
+        local_pad_lo = s * ld - int(h["window_start"][i])
+        np.testing.assert_array_equal(windowed_sum(x[s:e], o1 - o0, local_pad_lo), full[o0:o1])
+
+
+@given(st.integers(1, 30), st.integers(1, 6), st.integers(1, 3), st.integers(1, 3),
+       st.integers(0, 4), st.integers(0, 4), st.integers(1, 3))
+def test_window_halos_n_out_matches_jax(n_in, window, stride, dilation, pad_lo, pad_hi, ld):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    x = jax.ShapeDtypeStruct((1, 1, n_in), jnp.float32)
+    w = jax.ShapeDtypeStruct((1, 1, window), jnp.float32)
+    try:
+        shape = jax.eval_shape(lambda a, b: lax.conv_general_dilated(
+            a, b, (stride,), [(pad_lo, pad_hi)], lhs_dilation=(ld,), rhs_dilation=(dilation,)),
+            x, w).shape
+    except Exception:  # window larger than the padded input: jax rejects; we say n_out = 0
+        assert im.window_halos_np(n_in, 1, window, stride, dilation, pad_lo, pad_hi, ld)["n_out"] == 0
+        return
+    assert im.window_halos(n_in, 3, window, stride, dilation, pad_lo, pad_hi, ld)["n_out"] == shape[2]
+
+
+def test_window_halos_examples():
+    h = im.window_halos(10, 2, window=3, pad_lo=1, pad_hi=1)
+    assert h["in_lo"].tolist() == [0, 4] and h["in_hi"].tolist() == [6, 10]
+    # k > n: trailing shards empty, no halos there
+    h = im.window_halos(3, 8, window=2)
+    assert h["n_out"] == 2 and h["out_stop"].tolist() == [1, 2, 2, 2, 2, 2, 2, 2]
+    assert h["in_lo"].tolist() == [0, 1, 2, 2, 2, 2, 2, 2]
+    assert h["in_hi"].tolist() == [2, 3, 2, 2, 2, 2, 2, 2]
+    assert h["right_halo"].tolist() == [1, 1, 0, 0, 0, 0, 0, 0] and h["max_left"] == 0
+    # window larger than the input: no outputs
+    h = im.window_halos(4, 2, window=7)
+    assert h["n_out"] == 0 and h["max_left"] == h["max_right"] == 0
+    with pytest.raises(ValueError):
+        im.window_halos(4, 2, window=0)
+    with pytest.raises(ValueError):
+        im.window_halos_np(4, 0, window=1)
+
+
+# ----------------------------------------------------------------------------------------
+# device_groups
+# ----------------------------------------------------------------------------------------
+
+@st.composite
+def mesh_and_axes(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=0, max_size=4)))
+    axes = tuple(draw(st.permutations(range(len(shape))))[: draw(st.integers(0, len(shape)))])
+    return shape, axes
+
+
+def _brute_groups(shape, axes):
+    nd = len(shape)
+    coords = np.indices(shape).reshape(nd, -1)  # column t = coordinates of device t
+    rest = [d for d in range(nd) if d not in axes]
+    n_dev = int(np.prod(shape, dtype=np.int64))
+    gsize = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    out = np.full((n_dev // gsize, gsize), -1, dtype=np.int64)
+    for dev in range(n_dev):
+        g = np.ravel_multi_index(tuple(coords[d, dev] for d in rest), tuple(shape[d] for d in rest))
+        h = np.ravel_multi_index(tuple(coords[a, dev] for a in axes), tuple(shape[a] for a in axes))
+        out[g, h] = dev
+    return out
+
+
+@given(mesh_and_axes())
+def test_device_groups(ma):
+    shape, axes = ma
+    g = im.device_groups(shape, axes)
+    assert g.dtype == np.int64
+    np.testing.assert_array_equal(g, im.device_groups_np(shape, axes))
+    np.testing.assert_array_equal(g, _brute_groups(shape, axes))
+
+
+def test_device_groups_errors_and_negative_axes():
+    np.testing.assert_array_equal(im.device_groups((2, 4), (-1,)), im.device_groups((2, 4), (1,)))
+    with pytest.raises(ValueError):
+        im.device_groups((2, 4), (1, 1))
+    with pytest.raises(ValueError):
+        im.device_groups_np((2, 4), (2,))
+    with pytest.raises(ValueError):
+        im.device_groups((2, 0), (0,))
+
+
+# ----------------------------------------------------------------------------------------
+# permutation_pairs
+# ----------------------------------------------------------------------------------------
+
+@st.composite
+def have_need(draw):
+    n = draw(st.integers(0, 24))
+    have = draw(st.lists(st.integers(-1, 6), min_size=n, max_size=n))
+    held = sorted({h for h in have if h >= 0})
+    if held:
+        need = draw(st.lists(st.one_of(st.just(-1), st.sampled_from(held)), min_size=n, max_size=n))
+    else:
+        need = [-1] * n
+    return np.asarray(have, dtype=np.int64), np.asarray(need, dtype=np.int64)
+
+
+def _greedy(have, need):
+    pairs, used = [], set()
+    for d in range(len(need)):
+        if need[d] < 0 or have[d] == need[d]:
+            continue
+        cands = [s for s in range(len(have)) if have[s] == need[d]]
+        free = [s for s in cands if s not in used]
+        s = free[0] if free else cands[0]
+        used.add(s)
+        pairs.append((s, d))
+    return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+@given(have_need())
+def test_permutation_pairs(hn):
+    have, need = hn
+    p = im.permutation_pairs(have, need)
+    assert p.dtype == np.int64 and p.ndim == 2 and p.shape[1] == 2
+    np.testing.assert_array_equal(p, im.permutation_pairs_np(have, need))
+    np.testing.assert_array_equal(p, _greedy(have, need))
+    # every dest ends up with the right piece; no self pairs; each dest once
+    got = {int(d): int(have[s]) for s, d in p}
+    assert len(got) == len(p) and all(s != d for s, d in p)
+    for d in range(len(need)):
+        if need[d] >= 0:
+            assert got.get(d, int(have[d])) == need[d]
+        else:
+            assert d not in got
+    # sources repeat only when a key has fewer holders than non-local needers
+    srcs, counts = np.unique(p[:, 0], return_counts=True)
+    for s, cnt in zip(srcs, counts):
+        if cnt > 1:
+            key = have[s]
+            assert np.sum(have == key) < np.sum((need == key) & (have != key))
+
+
+def test_permutation_pairs_missing_and_shapes():
+    for f in (im.permutation_pairs, im.permutation_pairs_np):
+        with pytest.raises(ValueError, match="device 1 needs piece 9"):
+            f([0, 1, 2], [0, 9, 1])
+        with pytest.raises(ValueError):
+            f([0, 1], [0, 1, 2])
+        assert f([], []).shape == (0, 2)
+        assert f([3, 4], [3, 4]).shape == (0, 2)
+
+
+def test_permutation_pairs_large_random():
+    rng = np.random.default_rng(0)
+    have = rng.permutation(5000)
+    need = rng.permutation(5000)
+    p = im.permutation_pairs(have, need)
+    np.testing.assert_array_equal(p, im.permutation_pairs_np(have, need))
+    np.testing.assert_array_equal(have[p[:, 0]], need[p[:, 1]])
+    assert len(np.unique(p[:, 0])) == len(p)  # a permutation: every source used once
+
+
+# ----------------------------------------------------------------------------------------
+# module-level properties
+# ----------------------------------------------------------------------------------------
+
+def test_docstring_examples():
+    res = doctest.testmod(im, raise_on_error=False)
+    assert res.failed == 0 and res.attempted > 10
+
+
+def test_import_does_not_load_numba():
+    code = ("import sys, gspmd_py, gspmd_py.partitioner.index_math as m; "
+            "assert 'numba' not in sys.modules; m.shard_bounds_np(5, 2); "
+            "assert 'numba' not in sys.modules; m.shard_bounds(5, 2); assert 'numba' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
