@@ -2,6 +2,7 @@
 
     add  [m,n], [m,n] -> [m,n]      "i j, i j -> i j"
     add  [m,n], []    -> [m,n]      scalar operands carry no factor
+    mul  [m,n], [1,n] -> [m,n]      "i j, 1 j -> i j" (lax broadcasts size-1 dims)
 """
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ def elementwise(op) -> OpRule:
     b = RuleBuilder()
     fs = b.factors(shape)
     for v in op.inputs:
-        b.operand(fs if v.rank == len(shape) else [None] * v.rank)
+        # lax broadcasts size-1 operand dims implicitly: such a dim carries no factor
+        b.operand([f if n == m else None for f, n, m in zip(fs, v.shape, shape)] if v.rank == len(shape)
+                  else [None] * v.rank)
     for _ in op.outputs:
         b.result(fs)
     return b.build(ELEMENTWISE, handler="elementwise")

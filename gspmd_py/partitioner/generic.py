@@ -66,7 +66,8 @@ def elementwise(ctx: Ctx, op, rule, args, want):
     xs = []
     for i, a in enumerate(args):
         keep = linear and (op.prim in LINEAR or i == 0)
-        t = w if (a.rank == rank and rank > 0) else ((),) * a.rank
+        t = (tuple(wd if n == m else () for wd, n, m in zip(w, a.shape, op.outputs[0].shape))
+             if (a.rank == rank and rank > 0) else ((),) * a.rank)
         xs.append(reshard(ctx, a, t, keep_partial=keep).x)
     outs = bind_local(op, xs, [ctx.local_shape(v.shape, w) for v in op.outputs])
     return [ctx.pv(o, v.shape, w, partial if linear else ()) for o, v in zip(outs, op.outputs)]
