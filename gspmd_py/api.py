@@ -108,7 +108,7 @@ class Plan:
                  in_names: list[str]):
         self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
         self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
-        self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.values()}
+        self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
         refs = [a for s in self._shardings.values() for a in s.used_axes]
         self.fine = FineMesh.build(mesh, refs)
         self.ctx = Ctx(self.fine)
@@ -122,7 +122,7 @@ class Plan:
         g, ctx = self.graph, self.ctx
         in_dims = [self._fdims(v) for v in g.inputs]
         out_dims = [self._fdims(v) for v in g.outputs]
-        want = {v.id: self._fdims(v) for v in g.values()}
+        want = {v.id: self._fdims(v) for v in g.all_values()}
         body = build_body(g, ctx, in_dims, out_dims, want)
         self.jax_mesh = self.fine.jax_mesh()
         spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
@@ -141,7 +141,7 @@ class Plan:
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
-        for v in self.graph.values():
+        for v in self.graph.all_values():
             if v.name == name:
                 return v
         if name in self._in_names:
@@ -198,14 +198,20 @@ class Plan:
         for i, v in enumerate(self.graph.inputs):
             s = self._shardings[v.id]
             rows.append((f"input {self._in_names[i]}", v.type_str, s.shardy(), _local(self, v), ""))
-        for op in self.graph.ops:
-            label = op_label(op)
-            colls = "; ".join(f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B" for c in by_op.get(label, []))
-            for v in op.outputs:
-                s = self._shardings[v.id]
-                nm = f" <{v.name}>" if v.name else ""
-                rows.append((f"{op.prim} #{op.id}{nm}", v.type_str, s.shardy(), _local(self, v), colls))
-                colls = ""
+        def walk(graph, depth):
+            for op in graph.ops:
+                label = op_label(op)
+                colls = "; ".join(f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B" for c in by_op.get(label, []))
+                for v in op.outputs:
+                    s = self._shardings[v.id]
+                    nm = f" <{v.name}>" if v.name else ""
+                    rows.append(("  " * depth + f"{op.prim} #{op.id}{nm}", v.type_str, s.shardy(), _local(self, v),
+                                 colls))
+                    colls = ""
+                for r in op.regions:
+                    walk(r, depth + 1)
+
+        walk(self.graph, 0)
         for c in by_op.get("boundary", []):
             rows.append(("boundary", "", "", "", f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B"))
         widths = [min(max(len(r[i]) for r in rows), 48) for i in range(5)]
@@ -347,7 +353,7 @@ class Spmd:
             if spec is not None:
                 dims = _dims_from_spec(mesh, spec, v.rank, f"out_shardings for output {i} {v.type_str}")
                 seeds.append(Seed(out, dims, 0, f"out_shardings of output {i}"))
-        for op in graph.ops:
+        for op in graph.walk():
             if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
                 v = op.outputs[0]
                 what = f"gp.annotate at {op.source or 'op %d' % op.id} on {v.type_str}"

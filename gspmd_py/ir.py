@@ -111,6 +111,14 @@ class Graph:
             seen.setdefault(v.id, v)
         return list(seen.values())
 
+    def all_values(self) -> list[Value]:
+        """Values of this graph and of every region inside it."""
+        out = self.values()
+        for op in self.ops:
+            for r in op.regions:
+                out.extend(r.all_values())
+        return out
+
     def users(self) -> dict[int, list[Op]]:
         out: dict[int, list[Op]] = {}
         for op in self.ops:

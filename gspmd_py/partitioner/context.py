@@ -52,6 +52,7 @@ class Ctx:
         self.current_op = "boundary"
         self._next_key = 0
         self.reshard_cache: dict[tuple, PValue] = {}
+        self.want: dict[int, FineDims] = {}  # value id -> the fine sharding propagation chose
 
     # -- values ------------------------------------------------------------------
     def pv(self, x, shape, dims: FineDims, partial: Sequence[str] = ()) -> PValue:

@@ -27,7 +27,3 @@ def replicate_all(ctx: Ctx, op, args, want, reason: str):
 def replicated(ctx: Ctx, op, rule, args, want):
     return replicate_all(ctx, op, args, want, f"{op.prim} has no partitioned form: computed replicated")
 
-
-@handler("control")
-def control(ctx: Ctx, op, rule, args, want):
-    return replicate_all(ctx, op, args, want, f"{op.prim} body runs unpartitioned on replicated operands")

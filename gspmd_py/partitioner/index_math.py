@@ -48,6 +48,7 @@ _I64_MAX = np.iinfo(np.int64).max
 
 _JITTED: dict[str, Callable[..., Any]] = {}
 _JIT_LOCK = threading.Lock()
+_CACHEABLE = __name__ == "gspmd_py.partitioner.index_math"
 
 
 def _jit(name: str) -> Callable[..., Any]:
@@ -59,7 +60,9 @@ def _jit(name: str) -> Callable[..., Any]:
             if fn is None:
                 import numba  # lazy: keeps the cold import of gspmd_py fast
 
-                fn = numba.njit(cache=True, nogil=True)(globals()[f"_{name}_kernel"])
+                # The on-disk cache pickles this module's name: only use it under the
+                # canonical name (not e.g. when the file is run by path as ``index_math``).
+                fn = numba.njit(cache=_CACHEABLE, nogil=True)(globals()[f"_{name}_kernel"])
                 _JITTED[name] = fn
     return fn
 
@@ -233,7 +236,14 @@ def _window_halos_kernel(n_in, k, window, stride, dilation, pad_lo, ld, n_out, c
         s_stop[i] = se
         best_lo = 9223372036854775807
         best_hi = -1
-        if cnt_o > 0 and n_in > 0:
+        # fast path: the shard's first and last window positions are both real rows
+        q_first = a * stride - pad_lo
+        q_last = (b - 1) * stride + (window - 1) * dilation - pad_lo
+        if (cnt_o > 0 and n_in > 0 and 0 <= q_first and q_last <= qmax_all
+                and q_first % ld == 0 and q_last % ld == 0):
+            best_lo = q_first
+            best_hi = q_last
+        elif cnt_o > 0 and n_in > 0:
             if over_o:
                 outer = cnt_o
                 cnt = window
@@ -254,13 +264,19 @@ def _window_halos_kernel(n_in, k, window, stride, dilation, pad_lo, ld, n_out, c
                     thi = cnt - 1
                 if tlo > thi:
                     continue
-                if (-q0) % g != 0:
-                    continue
-                t0 = (((-q0) // g) % m) * inv % m
-                tmin = tlo + (t0 - tlo) % m
-                if tmin > thi:
-                    continue
-                tmax = thi - (thi - t0) % m
+                if m == 1:  # every step stays on the same residue mod lhs_dilation
+                    if (-q0) % g != 0:
+                        continue
+                    tmin = tlo
+                    tmax = thi
+                else:
+                    if (-q0) % g != 0:
+                        continue
+                    t0 = (((-q0) // g) % m) * inv % m
+                    tmin = tlo + (t0 - tlo) % m
+                    if tmin > thi:
+                        continue
+                    tmax = thi - (thi - t0) % m
                 qa = q0 + tmin * step
                 qb = q0 + tmax * step
                 if qa < best_lo:
@@ -361,11 +377,21 @@ def window_halos_np(n_in: int, k: int, window: int, stride: int = 1, dilation: i
     best_hi = np.full(k, -1, dtype=_I64)
     if n_in > 0 and n_out > 0:
         qmax_all = (n_in - 1) * ld
+        # fast path: the shard's first and last window positions are both real rows
+        q_first = a * stride - pad_lo
+        q_last = (b - 1) * stride + (window - 1) * dilation - pad_lo
+        fast = ((cnt_o > 0) & (q_first >= 0) & (q_last <= qmax_all) & (q_first % ld == 0)
+                & (q_last % ld == 0))
+        best_lo[fast] = q_first[fast]
+        best_hi[fast] = q_last[fast]
+        sel = np.flatnonzero(~fast & (cnt_o > 0))
         n_loop = min(window, c_out)
-        blk = max(1, min(n_loop, block_elems // k))
-        a2 = a[:, None]
-        cnt_o2 = cnt_o[:, None]
-        for u0 in range(0, n_loop, blk):
+        blk = max(1, min(n_loop, block_elems // max(1, sel.size)))
+        a2 = a[sel, None]
+        cnt_o2 = cnt_o[sel, None]
+        lo_sel = best_lo[sel]
+        hi_sel = best_hi[sel]
+        for u0 in range(0, n_loop if sel.size else 0, blk):
             u = np.arange(u0, min(n_loop, u0 + blk), dtype=_I64)[None, :]
             if over_o:
                 q0 = (a2 + u) * stride - pad_lo
@@ -374,16 +400,23 @@ def window_halos_np(n_in: int, k: int, window: int, stride: int = 1, dilation: i
             else:
                 q0 = a2 * stride + u * dilation - pad_lo
                 cnt = cnt_o2
-                ok = np.broadcast_to(cnt_o2 > 0, q0.shape)
+                ok = np.ones(q0.shape, dtype=bool)
             tlo = np.maximum(0, -(q0 // step))
             thi = np.minimum(cnt - 1, (qmax_all - q0) // step)
-            ok = ok & (tlo <= thi) & ((-q0) % g == 0)
-            t0 = (((-q0) // g) % m) * inv % m
-            tmin = tlo + (t0 - tlo) % m
-            ok &= tmin <= thi
-            tmax = thi - (thi - t0) % m
-            best_lo = np.minimum(best_lo, np.where(ok, q0 + tmin * step, _I64_MAX).min(axis=1))
-            best_hi = np.maximum(best_hi, np.where(ok, q0 + tmax * step, -1).max(axis=1))
+            ok &= tlo <= thi
+            if g > 1:
+                ok &= (-q0) % g == 0
+            if m == 1:
+                tmin, tmax = tlo, thi
+            else:
+                t0 = (((-q0) // g) % m) * inv % m
+                tmin = tlo + (t0 - tlo) % m
+                ok &= tmin <= thi
+                tmax = thi - (thi - t0) % m
+            lo_sel = np.minimum(lo_sel, np.where(ok, q0 + tmin * step, _I64_MAX).min(axis=1))
+            hi_sel = np.maximum(hi_sel, np.where(ok, q0 + tmax * step, -1).max(axis=1))
+        best_lo[sel] = lo_sel
+        best_hi[sel] = hi_sel
     has = best_hi >= 0
     in_lo = np.where(has, best_lo // ld, ss)
     in_hi = np.where(has, best_hi // ld + 1, ss)
@@ -604,10 +637,11 @@ def _offset_args(shard_index: Any, c: Any) -> tuple[np.ndarray, np.ndarray, tupl
     i = np.asarray(shard_index)
     cc = np.asarray(c)
     for name, arr in (("shard_index", i), ("c", cc)):
-        if arr.dtype.kind not in "iub":
+        if arr.dtype.kind not in "iub" and arr.size:
             raise TypeError(f"{name} must be integer, got dtype {arr.dtype}")
-    i, cc = np.broadcast_arrays(i.astype(_I64, copy=False), cc.astype(_I64, copy=False))
-    return np.ascontiguousarray(i).reshape(-1), np.ascontiguousarray(cc).reshape(-1), i.shape
+    shape = np.broadcast_shapes(i.shape, cc.shape)
+    flat = [np.array(np.broadcast_to(a, shape), dtype=_I64, order="C").reshape(-1) for a in (i, cc)]
+    return flat[0], flat[1], shape
 
 
 def offsets_for(shard_index: Any, c: Any) -> np.ndarray:

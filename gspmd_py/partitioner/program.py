@@ -13,11 +13,12 @@ import warnings
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
+from jax import lax
 
 from ..errors import PartitionWarning
 from ..ir import Graph, Op
 from ..ops import rule_for
-from . import dot_handler, fallback, generic, reduce_handler  # noqa: F401  (register handlers)
+from . import control_handler, dot_handler, fallback, generic, reduce_handler  # noqa: F401  (register handlers)
 from .context import Ctx
 from .pvalue import FineDims, PValue
 from .registry import HANDLERS
@@ -33,42 +34,53 @@ def boundary_out_dims(ctx: Ctx, shape, dims: FineDims) -> FineDims:
     return tuple(axes if not axes or n % ctx.k(axes) == 0 else () for n, axes in zip(shape, dims))
 
 
+def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
+    """Partition ``graph``'s ops in order; returns its outputs as partitioned values.
+
+    Region handlers (scan/while/cond) call this recursively on their bodies.
+    """
+    env: dict[int, PValue] = {v.id: pv for v, pv in zip(graph.inputs, inputs)}
+    want = ctx.want
+
+    def get(v) -> PValue:
+        pv = env.get(v.id)
+        if pv is None:  # constants: each device takes its shard when a consumer asks
+            if v.const is None:
+                raise KeyError(f"value %{v.id} used before definition")
+            pv = ctx.pv(jnp.asarray(v.const), v.shape, ((),) * v.rank)
+            env[v.id] = pv
+        return pv
+
+    outer = ctx.current_op
+    for op in graph.ops:
+        ctx.current_op = op_label(op)
+        rule = rule_for(op)
+        args = [get(v) for v in op.inputs]
+        w = [want.get(v.id, ((),) * v.rank) for v in op.outputs]
+        results = HANDLERS[rule.handler](ctx, op, rule, args, w)
+        for v, r, wd in zip(op.outputs, results, w):
+            env[v.id] = reshard(ctx, r, wd, keep_partial=True)
+    ctx.current_op = outer
+    return [get(v) for v in graph.outputs]
+
+
 def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Sequence[FineDims],
                want: dict[int, FineDims]) -> Callable:
     """The per-device function: local (padded) inputs -> local outputs."""
+    ctx.want = want
 
     def body(*xs):
-        env: dict[int, PValue] = {}
         ctx.current_op = "boundary"
-        for v, x, d in zip(graph.inputs, xs, in_dims):
-            env[v.id] = ctx.pv(x, v.shape, d)
-
-        def get(v) -> PValue:
-            pv = env.get(v.id)
-            if pv is None:  # constants: each device takes its shard when a consumer asks
-                if v.const is None:
-                    raise KeyError(f"value %{v.id} used before definition")
-                pv = ctx.pv(jnp.asarray(v.const), v.shape, ((),) * v.rank)
-                env[v.id] = pv
-            return pv
-
-        for op in graph.ops:
-            ctx.current_op = op_label(op)
-            rule = rule_for(op)
-            args = [get(v) for v in op.inputs]
-            w = [want.get(v.id, ((),) * v.rank) for v in op.outputs]
-            results = HANDLERS[rule.handler](ctx, op, rule, args, w)
-            for v, r, wd in zip(op.outputs, results, w):
-                env[v.id] = reshard(ctx, r, wd, keep_partial=True)
+        results = run_graph(ctx, graph, [ctx.pv(x, v.shape, d) for v, x, d in zip(graph.inputs, xs, in_dims)])
         ctx.current_op = "boundary"
         outs = []
-        for v, d in zip(graph.outputs, out_dims):
-            pv = reshard(ctx, get(v), boundary_out_dims(ctx, v.shape, d))
+        for v, pv, d in zip(graph.outputs, results, out_dims):
+            pv = reshard(ctx, pv, boundary_out_dims(ctx, v.shape, d))
             x = pv.x
             # cut the padding of dims that leave unsharded
             for i, (n, axes) in enumerate(zip(v.shape, pv.dims)):
                 if not axes and x.shape[i] != n:
-                    x = jnp.take(x, jnp.arange(n), axis=i)
+                    x = lax.slice_in_dim(x, 0, n, axis=i)
             outs.append(x)
         return tuple(outs)
 

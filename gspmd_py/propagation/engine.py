@@ -55,10 +55,14 @@ class Seed:
 class Propagation:
     def __init__(self, graph: Graph, mesh: Mesh, seeds: Sequence[Seed]):
         self.graph, self.mesh, self.seeds = graph, mesh, list(seeds)
-        self.state: dict[int, list[DimState]] = {v.id: [DimState() for _ in v.shape] for v in graph.values()}
-        self.values: dict[int, Value] = {v.id: v for v in graph.values()}
-        self.ops = [op for op in graph.ops]
+        values = graph.all_values()
+        self.state: dict[int, list[DimState]] = {v.id: [DimState() for _ in v.shape] for v in values}
+        self.values: dict[int, Value] = {v.id: v for v in values}
+        self.ops = list(graph.walk())
         self.rules: dict[int, OpRule] = {op.id: rule_for(op) for op in self.ops}
+        for link, rule in region_links(graph):
+            self.ops.append(link)
+            self.rules[link.id] = rule
         self.origin: dict[int, str] = {}
         self.op_by_id = {op.id: op for op in self.ops}
 
@@ -182,7 +186,7 @@ class Propagation:
         lines = [f"{name}: {v.type_str} sharded {Sharding.of(self.mesh, self.dims_of(v)).shardy()}"]
         st = self.state.get(v.id)
         if st is None:
-            return lines[0] + "\n  (inside a region: not propagated)"
+            return lines[0]
         for d, s in enumerate(st):
             if not s.axes:
                 why = "closed by an annotation" if s.closed else "no sharding reached it"
@@ -205,3 +209,59 @@ class Propagation:
             if origin:
                 lines.append(f"    <- {origin}")
         return "\n".join(lines)
+
+
+def region_links(graph: Graph) -> list[tuple[Op, OpRule]]:
+    """Pseudo-ops tying region values to the region op's operands and results.
+
+    scan: const i ~ body param i; carry i: operand ~ body param ~ body result ~ result;
+    xs[T, ...] ~ body param [...] and ys[T, ...] ~ body result [...] (T stays whole).
+    while: carries across cond and body params, body results and results. cond: each
+    branch's params ~ the operands, its results ~ the op's results.
+    """
+    from ..ops.rule import ELEMENTWISE, RuleBuilder
+
+    links: list[tuple[Op, OpRule]] = []
+
+    def link(members: list[tuple[Value, int]]) -> None:
+        """members: (value, lead) - a value whose first ``lead`` dims are loop dims."""
+        ref = next(v for v, lead in members if lead == 0) if any(l == 0 for _, l in members) else members[0][0]
+        ref_lead = next(l for v, l in members if v is ref)
+        shape = ref.shape[ref_lead:]
+        b = RuleBuilder()
+        fs = b.factors(shape)
+        for v, lead in members:
+            loop = [b.factor(v.shape[d], NEED_REPLICATION) for d in range(lead)]
+            b.operand(loop + fs)
+        op = Op(-(len(links) + 1) - 10**9, "region_link", [v for v, _ in members], [], {})
+        links.append((op, b.build(ELEMENTWISE)))
+
+    for op in graph.walk():
+        if op.prim == "scan":
+            body = op.regions[0]
+            nc, ncar = op.params["num_consts"], op.params["num_carry"]
+            for i in range(nc):
+                link([(op.inputs[i], 0), (body.inputs[i], 0)])
+            for i in range(ncar):
+                link([(op.inputs[nc + i], 0), (body.inputs[nc + i], 0), (body.outputs[i], 0), (op.outputs[i], 0)])
+            for j, v in enumerate(body.inputs[nc + ncar:]):
+                link([(v, 0), (op.inputs[nc + ncar + j], 1)])
+            for j, v in enumerate(body.outputs[ncar:]):
+                link([(v, 0), (op.outputs[ncar + j], 1)])
+        elif op.prim == "while":
+            cond, body = op.regions
+            cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
+            for i in range(cn):
+                link([(op.inputs[i], 0), (cond.inputs[i], 0)])
+            for i in range(bn):
+                link([(op.inputs[cn + i], 0), (body.inputs[i], 0)])
+            for i in range(len(op.outputs)):
+                link([(op.inputs[cn + bn + i], 0), (cond.inputs[cn + i], 0), (body.inputs[bn + i], 0),
+                      (body.outputs[i], 0), (op.outputs[i], 0)])
+        elif op.prim == "cond":
+            for br in op.regions:
+                for i, v in enumerate(br.inputs):
+                    link([(op.inputs[1 + i], 0), (v, 0)])
+                for i, v in enumerate(br.outputs):
+                    link([(op.outputs[i], 0), (v, 0)])
+    return links
