@@ -23,6 +23,15 @@ from jax.interpreters import ad, batching, mlir
 from .errors import AnnotationError, SpecError
 from .sharding import _entries, spec_of
 
+try:  # source locations in messages should point at the user's code, not at gspmd_py's
+    import os as _os
+
+    from jax._src import source_info_util as _siu
+
+    _siu.register_exclusion(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
+except Exception:  # pragma: no cover - private API; messages just name an inner frame then
+    pass
+
 OPEN = "?"  # spec entry for a dim propagation may choose (Shardy's open dim); used by vmap
 
 
