@@ -198,8 +198,9 @@ def test_window_halos_examples():
     # k > n: trailing shards empty, no halos there
     h = im.window_halos(3, 8, window=2)
     assert h["n_out"] == 2 and h["out_stop"].tolist() == [1, 2, 2, 2, 2, 2, 2, 2]
-    assert h["in_lo"].tolist() == [0, 1, 2, 2, 2, 2, 2, 2]
-    assert h["in_hi"].tolist() == [2, 3, 2, 2, 2, 2, 2, 2]
+    assert h["shard_in_start"].tolist() == [0, 1, 2, 3, 3, 3, 3, 3]
+    assert h["in_lo"].tolist() == [0, 1, 2, 3, 3, 3, 3, 3]   # empty: in_lo = in_hi = shard_in_start
+    assert h["in_hi"].tolist() == [2, 3, 2, 3, 3, 3, 3, 3]
     assert h["right_halo"].tolist() == [1, 1, 0, 0, 0, 0, 0, 0] and h["max_left"] == 0
     # window larger than the input: no outputs
     h = im.window_halos(4, 2, window=7)
@@ -223,6 +224,8 @@ def mesh_and_axes(draw):
 
 def _brute_groups(shape, axes):
     nd = len(shape)
+    if nd == 0:
+        return np.zeros((1, 1), dtype=np.int64)
     coords = np.indices(shape).reshape(nd, -1)  # column t = coordinates of device t
     rest = [d for d in range(nd) if d not in axes]
     n_dev = int(np.prod(shape, dtype=np.int64))

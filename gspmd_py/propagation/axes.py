@@ -10,6 +10,7 @@ prime-sized sub-axes, major first. So ``[y]`` (y of size 4) is a prefix of
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from ..mesh import AxisRef, Mesh
@@ -30,13 +31,19 @@ def _primes(n: int) -> list[int]:
 
 
 def atoms(mesh: Mesh, axes: Sequence[AxisRef]) -> list[AxisRef]:
+    return list(_atoms(mesh, tuple(axes)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _atoms(mesh: Mesh, axes: tuple[AxisRef, ...]) -> tuple[AxisRef, ...]:
+    # a pure function of hashable values: the cache only saves work (the hot spot of propagation)
     out: list[AxisRef] = []
     for a in axes:
         pre = a.pre
         for p in _primes(a.size):
             out.append(mesh.sub(a.name, pre, p))
             pre *= p
-    return out
+    return tuple(out)
 
 
 def merge(mesh: Mesh, axes: Sequence[AxisRef]) -> Axes:
