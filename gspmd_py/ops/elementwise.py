@@ -27,8 +27,8 @@ IDENTITY = ("gspmd_annotate", "gspmd_tag")
 # ops through which a partial sum may flow unreduced (linear in every partial operand)
 LINEAR = frozenset({"neg", "convert_element_type", "copy", "copy_p", "add", "add_any", "sub", "real", "imag",
                     "conj", "reduce_precision", "gspmd_tag"})
-# linear in their first operand only when the others are not partial (x*c, x/c)
-LINEAR_IN_FIRST = frozenset({"mul", "div"})
+# linear in one operand when the others are not partial: c*x, x*c, x/c (numerator only)
+LINEAR_IN_ONE = frozenset({"mul", "div"})
 
 
 @register(*UNARY, *NARY, *IDENTITY)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..ops.elementwise import LINEAR, LINEAR_IN_FIRST
+from ..ops.elementwise import LINEAR, LINEAR_IN_ONE
 from ..ops.rule import PASS, REDUCTION
 from .context import Ctx
 from .factors import choose, split_dim, targets
@@ -54,23 +54,47 @@ def bind_local(op, xs, out_shapes):
 def elementwise(ctx: Ctx, op, rule, args, want):
     w = want[0]
     rank = len(op.outputs[0].shape)
-    arrays = [a for a in args if a.rank == rank and rank > 0]
-    partial = arrays[0].partial if arrays else ()
-    linear = bool(partial) and is_float(op.outputs[0].dtype)
-    if linear and op.prim in LINEAR:
-        linear = all(a.partial == partial for a in args) and all(a.rank == rank for a in args)
-    elif linear and op.prim in LINEAR_IN_FIRST:
-        linear = args[0].partial == partial and all(not a.partial for a in args[1:])
-    else:
-        linear = False
+    modes, partial = _linear_modes(op, args, {a for d in w for a in d})
     xs = []
-    for i, a in enumerate(args):
-        keep = linear and (op.prim in LINEAR or i == 0)
+    for a, mode in zip(args, modes):
         t = (tuple(wd if n == m else () for wd, n, m in zip(w, a.shape, op.outputs[0].shape))
              if (a.rank == rank and rank > 0) else ((),) * a.rank)
-        xs.append(reshard(ctx, a, t, keep_partial=keep).x)
+        x = reshard(ctx, a, t, keep_partial=(mode == KEEP)).x
+        if mode == TO_PARTIAL:  # v == sum over the partial axes of (v on their first device, 0 elsewhere)
+            x = jnp.where(ctx.index(partial) == 0, x, jnp.zeros((), x.dtype))
+        xs.append(x)
     outs = bind_local(op, xs, [ctx.local_shape(v.shape, w) for v in op.outputs])
-    return [ctx.pv(o, v.shape, w, partial if linear else ()) for o, v in zip(outs, op.outputs)]
+    return [ctx.pv(o, v.shape, w, partial) for o, v in zip(outs, op.outputs)]
+
+
+KEEP, REDUCE, TO_PARTIAL = "keep", "reduce", "to_partial"
+
+
+def _linear_modes(op, args, want_axes) -> tuple[list[str], tuple[str, ...]]:
+    """How each operand enters a linear op, and the result's partial axes.
+
+    add/sub/neg/convert...: operands all partial over the same axes stay partial;
+    add_any (AD's cotangent sums): non-partial operands are made partial locally, so a
+    gradient summed from several partial contributions reduces once, later;
+    mul: exactly one partial operand (c * sum = sum of c *); div: only the numerator.
+    Anything else, or a result wanted sharded on a partial axis, reduces here.
+    """
+    reduce_all = [REDUCE] * len(args), ()
+    partials = [i for i, a in enumerate(args) if a.partial]
+    if not partials or not is_float(op.outputs[0].dtype):
+        return reduce_all
+    axes = args[partials[0]].partial
+    if set(axes) & want_axes or any(args[i].partial != axes for i in partials):
+        return reduce_all
+    if op.prim in LINEAR and all(a.partial for a in args):
+        return [KEEP] * len(args), axes
+    if op.prim == "add_any":
+        # AD's cotangent accumulation: the backward pass is linear in cotangents, so the
+        # sum stays partial and reduces once where a non-linear consumer needs it
+        return [KEEP if a.partial else TO_PARTIAL for a in args], axes
+    if op.prim in LINEAR_IN_ONE and len(partials) == 1 and (op.prim == "mul" or partials == [0]):
+        return [KEEP if i == partials[0] else REDUCE for i in range(len(args))], axes
+    return reduce_all
 
 
 @handler("transpose")
@@ -115,7 +139,10 @@ def reshape(ctx: Ctx, op, rule, args, want):
             fa[f] = p
     if ok:
         tin, tout = targets(ctx.sizes, rule, fa, [rule.operands[0], rule.results[0]])
-        ok = tout == tuple(w) and all(not axes for fs, axes in zip(rule.operands[0], tin) if not fs)
+        # every axis the result uses must ride on the operand too (a factor's axes are lost from
+        # the operand when a more major factor of the same operand dim is left unsharded)
+        ok = tout == tuple(w) and all(not axes for fs, axes in zip(rule.operands[0], tin) if not fs) and \
+            sorted(a for d in tin for a in d) == sorted(a for d in tout for a in d)
     if not ok:
         ctx.notes.append(f"{ctx.current_op}: reshape {src} -> {out} cannot keep {w} local; operand gathered")
         tin, tout = ((),) * len(src), ((),) * len(out)

@@ -63,6 +63,10 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
             dims[d] = dims[d] + tuple(run)
             partial = [a for a in partial if a not in run]
         if partial and not keep_partial:
+            if list(partial) == list(pv.partial) and tuple(dims) == pv.dims:
+                # the whole value is reduced: one all-reduce serves every consumer
+                reduced = _all_reduced(ctx, pv)
+                return reshard(ctx, reduced, target) if reduced.dims != target else reduced
             x = ctx.all_reduce(x, partial)
             partial = []
         elif partial and target_axes & set(partial):
@@ -116,6 +120,15 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
             x = _slice(ctx, x, shape[i], dims[i], add, i)
             dims[i] = target[i]
     return ctx.pv(x, shape, target, partial)
+
+
+def _all_reduced(ctx: Ctx, pv: PValue) -> PValue:
+    key = (pv.key, "all-reduced")
+    hit = ctx.reshard_cache.get(key)
+    if hit is None:
+        hit = ctx.pv(ctx.all_reduce(pv.x, pv.partial), pv.shape, pv.dims)
+        ctx.reshard_cache[key] = hit
+    return hit
 
 
 def _common(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
