@@ -133,6 +133,16 @@ class Mesh:
             raise SpecError(f"sub-axis {name}:({pre}){size} does not divide mesh axis {name!r} of size {n}")
         return AxisRef(name, int(pre), int(size), whole=(pre == 1 and size == n))
 
+    def merge(self, refs) -> tuple[AxisRef, ...]:
+        """Merge adjacent sub-axes of one axis, major first (``y:(1)2, y:(2)2`` -> ``y``)."""
+        out: list[AxisRef] = []
+        for r in refs:
+            if out and out[-1].name == r.name and out[-1].stop == r.pre:
+                prev = out.pop()
+                r = self.sub(r.name, prev.pre, prev.size * r.size)
+            out.append(r)
+        return tuple(out)
+
     def ref_coords(self, ref: AxisRef) -> np.ndarray:
         """Coordinate of every device (mesh order, flat) along the (sub-)axis ``ref``."""
         n = self.axis_size(ref.name)

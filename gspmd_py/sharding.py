@@ -87,10 +87,10 @@ class Sharding:
         for e in spec_of(spec):
             # canonical: adjacent sub-axes of one axis (major then minor) merge, so that
             # ("y:(1)2", "y:(2)2") and "y" are the same (equal) sharding
-            dims.append(tuple(_merge_major_first(mesh, [mesh.ref(a) for a in _entries(e)])))
+            dims.append(tuple(mesh.merge([mesh.ref(a) for a in _entries(e)])))
         self.mesh = mesh
         self.dims = tuple(dims)
-        self.partial = tuple(_merge_major_first(mesh, sorted(mesh.ref(a) for a in partial)))
+        self.partial = tuple(mesh.merge(sorted(mesh.ref(a) for a in partial)))
         self._check(what)
         self._hash = hash((mesh, self.dims, self.partial))
 
@@ -315,18 +315,8 @@ def _from_tiles(mesh: Mesh, tiles: np.ndarray, replicate_last: bool) -> Sharding
                 refs.append(mesh.sub(mesh.axis_names[a], n // (local * seg), seg))
                 s *= seg
                 r //= seg
-        dims.append(_merge_major_first(mesh, list(reversed(refs))))
+        dims.append(mesh.merge(list(reversed(refs))))
     try:
         return Sharding.of(mesh, dims)
     except SpecError as e:
         raise TileAssignmentError(f"tile assignment reuses a mesh axis: {e}") from None
-
-
-def _merge_major_first(mesh: Mesh, refs: list[AxisRef]) -> list[AxisRef]:
-    out: list[AxisRef] = []
-    for r in refs:
-        if out and out[-1].name == r.name and out[-1].stop == r.pre:
-            prev = out.pop()
-            r = mesh.sub(r.name, prev.pre, prev.size * r.size)
-        out.append(r)
-    return out

@@ -17,24 +17,15 @@ REDUCERS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "redu
 SCANS = ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 
 
-@register(*REDUCERS)
+@register(*REDUCERS, "argmax", "argmin")
 def reduce(op) -> OpRule:
     axes = set(op.params["axes"])
     src = op.inputs[0].shape
     b = RuleBuilder()
     fs = [b.factor(s, REDUCTION if d in axes else PASS) for d, s in enumerate(src)]
     b.operand(fs)
-    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER, handler="reduce")
-
-
-@register("argmax", "argmin")
-def argreduce(op) -> OpRule:
-    axes = set(op.params["axes"])
-    src = op.inputs[0].shape
-    b = RuleBuilder()
-    fs = [b.factor(s, REDUCTION if d in axes else PASS) for d, s in enumerate(src)]
-    b.operand(fs)
-    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER, handler="argreduce")
+    handler = "argreduce" if op.prim in ("argmax", "argmin") else "reduce"
+    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER, handler=handler)
 
 
 @register(*SCANS)

@@ -66,15 +66,11 @@ class FineMesh:
 
     def coarse(self, names: Sequence[str]) -> tuple[AxisRef, ...]:
         """Fine axis names back to (merged) mesh sub-axes."""
-        out: list[AxisRef] = []
+        refs = []
         for nm in names:
             a, lo, hi = self.owner[nm]
-            r = self.mesh.sub(a, lo, hi // lo)
-            if out and out[-1].name == a and out[-1].stop == r.pre:
-                prev = out.pop()
-                r = self.mesh.sub(a, prev.pre, prev.size * r.size)
-            out.append(r)
-        return tuple(out)
+            refs.append(self.mesh.sub(a, lo, hi // lo))
+        return self.mesh.merge(refs)
 
     def label(self, names: Sequence[str]) -> str:
         return ",".join(str(r) for r in self.coarse(names))

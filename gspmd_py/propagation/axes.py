@@ -48,13 +48,7 @@ def _atoms(mesh: Mesh, axes: tuple[AxisRef, ...]) -> tuple[AxisRef, ...]:
 
 def merge(mesh: Mesh, axes: Sequence[AxisRef]) -> Axes:
     """Merge adjacent sub-axes of one axis (``y:(1)2, y:(2)2`` -> ``y``)."""
-    out: list[AxisRef] = []
-    for a in axes:
-        if out and out[-1].name == a.name and out[-1].stop == a.pre:
-            prev = out.pop()
-            a = mesh.sub(a.name, prev.pre, prev.size * a.size)
-        out.append(a)
-    return tuple(out)
+    return mesh.merge(axes)
 
 
 def is_prefix(mesh: Mesh, a: Sequence[AxisRef], b: Sequence[AxisRef]) -> bool:
