@@ -41,7 +41,15 @@ def broadcast_in_dim(op) -> OpRule:
 @register("squeeze", "expand_dims", "reshape")
 def reshape(op) -> OpRule:
     b = RuleBuilder()
-    in_dims, out_dims = reshape_factors(b, op.inputs[0].shape, op.outputs[0].shape)
+    src = op.inputs[0].shape
+    perm = op.params.get("dimensions") if op.prim == "reshape" else None
+    if perm is None:
+        in_dims, out_dims = reshape_factors(b, src, op.outputs[0].shape)
+    else:  # reshape with a transpose first: factor the transposed shape, map back to operand dims
+        t_dims, out_dims = reshape_factors(b, [src[d] for d in perm], op.outputs[0].shape)
+        in_dims = [None] * len(src)
+        for i, d in enumerate(perm):
+            in_dims[d] = t_dims[i]
     b.operand(in_dims)
     for _ in op.inputs[1:]:
         b.operand([])

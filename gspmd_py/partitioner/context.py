@@ -128,8 +128,25 @@ class Ctx:
         return lax.all_to_all(x, tuple(axes), split, concat, tiled=True)
 
     def permute(self, x, axes: Sequence[str], perm: Sequence[tuple[int, int]]):
+        """Send shard ``src`` to ``dst`` for each (src, dst) in ``perm``; both are linear
+        indices over ``axes`` in the order given (major first), as ``index(axes)`` counts.
+
+        jax's ppermute linearises several axes in *mesh* order whatever order they are
+        named in (unlike axis_index and all_gather), so indices are converted to it.
+        """
         self.record("collective-permute", axes, x)
-        return lax.ppermute(x, tuple(axes), perm=tuple((int(a), int(b)) for a, b in perm))
+        axes = tuple(axes)
+        mesh_order = tuple(a for a in self.fine.names if a in axes)
+        pairs = [(int(a), int(b)) for a, b in perm]
+        if mesh_order != axes:
+            given = [self.sizes[a] for a in axes]
+            to_mesh = np.arange(int(np.prod(given, dtype=np.int64))).reshape(given)
+            to_mesh = to_mesh.transpose([axes.index(a) for a in mesh_order])  # mesh-ordered view
+            # to_mesh[mesh coords] = given-order index; invert it
+            inv = np.empty(to_mesh.size, np.int64)
+            inv[to_mesh.reshape(-1)] = np.arange(to_mesh.size)
+            pairs = [(int(inv[a]), int(inv[b])) for a, b in pairs]
+        return lax.ppermute(x, mesh_order, perm=tuple(pairs))
 
 
 def pad_dim(x, d: int, size: int):

@@ -18,7 +18,8 @@ from jax import lax
 from ..errors import PartitionWarning
 from ..ir import Graph, Op
 from ..ops import rule_for
-from . import control_handler, dot_handler, fallback, generic, reduce_handler  # noqa: F401  (register handlers)
+from . import (control_handler, conv_handler, dot_handler, fallback, generic, reduce_handler,  # noqa: F401
+               windowed_handler)  # (register handlers)
 from .context import Ctx
 from .pvalue import FineDims, PValue
 from .registry import HANDLERS

@@ -124,7 +124,9 @@ def cumulative(ctx: Ctx, op, rule, args, want):
     w = want[0]
     t = list(w)
     a = args[0]
-    t[axis] = tuple(x for x in a.dims[axis] if x not in {y for d in w for y in d})
+    # the scanned dim keeps the operand's axes (local scans + a prefix of shard totals),
+    # less any axis the result wants on another dim
+    t[axis] = tuple(x for x in a.dims[axis] if x not in {y for i, d in enumerate(w) if i != axis for y in d})
     a = reshard(ctx, a, tuple(t))
     red = a.dims[axis]
     scan, kind = _SCAN[op.prim]

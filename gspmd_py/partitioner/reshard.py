@@ -81,7 +81,47 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
     if x is not None:
         return ctx.pv(x, shape, target, partial)
     # 3. all-to-all moves, 4. gathers, 5. slices
-    x = cur.x
+    x = _all_to_all_moves(ctx, cur.x, shape, dims, target)
+    # a dim that must lose axes anyway but is wanted by another dim's axes: gather it first
+    # (on the smaller, still-sharded buffer), then the move is an all-to-all, e.g.
+    # [{x},{y}] -> [{y},{}]: all-gather(x), all-to-all(y) rather than two all-gathers + slice
+    blocked = False
+    for j in range(len(shape)):
+        keep_j = _common(dims[j], target[j])
+        if keep_j == dims[j]:
+            continue
+        add_j = target[j][len(keep_j):]
+        if any(_longest_suffix_prefix(dims[i][len(_common(dims[i], target[i])):], add_j)
+               for i in range(len(shape)) if i != j):
+            x, dims[j] = _gather(ctx, x, shape[j], dims[j], keep_j, j)
+            blocked = True
+    if blocked:
+        x = _all_to_all_moves(ctx, x, shape, dims, target)
+    for i in range(len(shape)):
+        keep_i = _common(dims[i], target[i])
+        remove = dims[i][len(keep_i):]
+        if remove:
+            x, dims[i] = _gather(ctx, x, shape[i], dims[i], keep_i, i)
+    for i in range(len(shape)):
+        add = target[i][len(dims[i]):]
+        if add:
+            x = _slice(ctx, x, shape[i], dims[i], add, i)
+            dims[i] = target[i]
+    return ctx.pv(x, shape, target, partial)
+
+
+def _all_reduced(ctx: Ctx, pv: PValue) -> PValue:
+    key = (pv.key, "all-reduced")
+    hit = ctx.reshard_cache.get(key)
+    if hit is None:
+        hit = ctx.pv(ctx.all_reduce(pv.x, pv.partial), pv.shape, pv.dims)
+        ctx.reshard_cache[key] = hit
+    return hit
+
+
+def _all_to_all_moves(ctx: Ctx, x, shape, dims: list, target: FineDims):
+    """Move axes from the minor end of a dim that must lose them to the minor end of a dim
+    that wants them (one all-to-all each), while such a move exists; updates ``dims``."""
     while True:
         moved = False
         for i in range(len(shape)):
@@ -108,27 +148,7 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
             if moved:
                 break
         if not moved:
-            break
-    for i in range(len(shape)):
-        keep_i = _common(dims[i], target[i])
-        remove = dims[i][len(keep_i):]
-        if remove:
-            x, dims[i] = _gather(ctx, x, shape[i], dims[i], keep_i, i)
-    for i in range(len(shape)):
-        add = target[i][len(dims[i]):]
-        if add:
-            x = _slice(ctx, x, shape[i], dims[i], add, i)
-            dims[i] = target[i]
-    return ctx.pv(x, shape, target, partial)
-
-
-def _all_reduced(ctx: Ctx, pv: PValue) -> PValue:
-    key = (pv.key, "all-reduced")
-    hit = ctx.reshard_cache.get(key)
-    if hit is None:
-        hit = ctx.pv(ctx.all_reduce(pv.x, pv.partial), pv.shape, pv.dims)
-        ctx.reshard_cache[key] = hit
-    return hit
+            return x
 
 
 def _common(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
