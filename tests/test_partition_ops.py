@@ -169,6 +169,15 @@ def test_reshape(data):
     check(fn, mesh, (rand(src),), (spec,), out)
 
 
+def test_reshape_result_sharded_on_a_minor_factor():
+    """[16,3] -> [2,8,3] with the 8 sharded: the operand dim cannot carry that factor's axis
+    without the major one (2), so the operand is gathered, not reshaped to a wrong local shape."""
+    mesh = gp.Mesh((8,), ("x",))
+    check(lambda v: jnp.reshape(v * 1.5, (2, 8, 3)), mesh, (rand((16, 3)),), (None,), gp.P(None, "x", None))
+    check(lambda v: jnp.reshape(v * 1.5, (2, 8, 3)), mesh, (rand((16, 3)),), (gp.P("x", None),),
+          gp.P(None, "x", None))
+
+
 def test_reshape_split_sharded_dim_stays_local():
     """[8] sharded x:4 -> [2,4]: the axis splits into sub-axes, no communication (REFERENCE 7)."""
     mesh = gp.Mesh((4, 2), ("x", "y"))

@@ -257,6 +257,11 @@ def test_random_program_examples():
                 (4,), (gp.P(None, "x"),)),
         Program(2, (((12, 8), gp.P("y", "x")), ((8, 5), gp.P("x", None))),
                 (("dot", 0, 1, 1, 0), ("softmax", 2, 1), ("transpose", 3, (1, 0))), (4,), (None,)),
+        # a collective-permute over axes named out of mesh order (ppermute counts in mesh order)
+        Program(0, (((1,), None),), (("concat", 0, 0, 0), ("unary", "abs", 1), ("unary", "abs", 2),
+                                     ("annotate", 3, gp.P(("x:(2)4", "x:(1)2")))), (4,), (None,)),
+        Program(1, (((1, 1), None),), (("unary", "abs", 0), ("concat", 1, 0, 1), ("unary", "abs", 2)),
+                (3,), (gp.P(None, ("y", "x")),)),
     ]
     for p in progs:
         _run(p)
