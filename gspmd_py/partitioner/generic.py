@@ -197,7 +197,4 @@ def rule_driven(ctx: Ctx, op, rule, args, want):
 
 
 # conv, reduce_window, select_and_scatter_add, pad, slice, rev, concatenate, dynamic_slice and
-# dynamic_update_slice: halo handlers in conv_handler.py / windowed_handler.py. This whole-window
-# form stays as their reference (keep windowed dims whole: always correct, moves the most).
-def conv_whole_windows(ctx: Ctx, op, rule, args, want):
-    return by_rule(ctx, op, rule, args, want, linear=True, mask_reduction=0)
+# dynamic_update_slice have halo handlers in conv_handler.py / windowed_handler.py.
