@@ -8,7 +8,7 @@ reduced value). Propagation prefers batch factors, then the larger operand's fac
 from __future__ import annotations
 
 from .registry import register
-from .rule import DOT, PASS, REDUCTION, OpRule, RuleBuilder
+from .rule import DOT, REDUCTION, OpRule, RuleBuilder
 
 
 @register("dot_general")

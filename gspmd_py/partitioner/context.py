@@ -6,11 +6,9 @@ so the program is the same whatever the number of devices.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Sequence
 
 import attrs
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

@@ -11,7 +11,6 @@ Padding of uneven contracting dims is zeroed on both sides.
 """
 from __future__ import annotations
 
-from jax import lax
 
 from ..ops.rule import PASS, REDUCTION
 from .context import Ctx

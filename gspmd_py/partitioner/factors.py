@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..ops.rule import NEED_REPLICATION, PASS, REDUCTION, WINDOW, OpRule
+from ..ops.rule import PASS, OpRule
 from .pvalue import FineDims, PValue
 
 FactorAxes = dict[int, tuple[str, ...]]

@@ -166,7 +166,6 @@ def plan_fetch(ctx: Ctx, axes: Sequence[str], *, n: int, c: int, a: np.ndarray, 
 
 def _place(seg, piece, d: int, dst_off, length, S: int):
     """seg with rows [dst_off, dst_off+length) replaced by piece's first rows."""
-    L = piece.shape[d]
     big = pad_rows(piece, d, S, S)
     shifted = lax.dynamic_slice_in_dim(big, jnp.int32(S) - dst_off, S, axis=d)
     return jnp.where(row_mask(seg.ndim, d, S, dst_off, dst_off + length), shifted, seg)
@@ -203,7 +202,6 @@ def scatter_add(ctx: Ctx, plan: FetchPlan, seg, d: int):
     assert not plan.whole
     idx = ctx.index(plan.axes)
     c = plan.c
-    S = plan.S
     shape = list(seg.shape)
     shape[d] = c
     out = jnp.zeros(shape, seg.dtype)

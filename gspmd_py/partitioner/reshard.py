@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from .context import Ctx, dyn_slice_dim, pad_dim
 from .pvalue import FineDims, PValue, ceil_div

@@ -1,0 +1,144 @@
+"""A Plan: everything gspmd_py decided for one function and one set of input shapes.
+
+    plan = f.plan(x, w)          # trace -> propagate -> partition; runs nothing
+    plan.sharding_of("hidden"), plan.collectives, plan.report(), plan.spmd_text()
+"""
+from __future__ import annotations
+
+import jax
+from jax.sharding import PartitionSpec as JP
+
+from .errors import ShardingError
+from .ir import Graph, Value
+from .mesh import Mesh
+from .partitioner.context import Collective, Ctx
+from .partitioner.fine_mesh import FineMesh
+from .partitioner.program import boundary_out_dims, build_body, warn_fallbacks
+from .partitioner.pvalue import ceil_div
+from .propagation import Propagation
+from .sharding import Sharding
+
+
+class Plan:
+    """Everything gspmd_py decided for one function and one set of input shapes."""
+
+    def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, in_tree, out_tree,
+                 in_names: list[str]):
+        self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
+        self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
+        self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
+        refs = [a for s in self._shardings.values() for a in s.used_axes]
+        self.fine = FineMesh.build(mesh, refs)
+        self.ctx = Ctx(self.fine)
+        self._build()
+
+    # -- building -----------------------------------------------------------------
+    def _fdims(self, v: Value):
+        return self.fine.fine_dims(self._shardings[v.id].dims)
+
+    def _build(self) -> None:
+        g, ctx = self.graph, self.ctx
+        in_dims = [self._fdims(v) for v in g.inputs]
+        out_dims = [self._fdims(v) for v in g.outputs]
+        want = {v.id: self._fdims(v) for v in g.all_values()}
+        body = build_body(g, ctx, in_dims, out_dims, want)
+        self.jax_mesh = self.fine.jax_mesh()
+        spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
+        self.in_specs = tuple(spec(d) for d in in_dims)
+        self._out_fdims = [boundary_out_dims(ctx, v.shape, d) for v, d in zip(g.outputs, out_dims)]
+        self.out_specs = tuple(spec(d) for d in self._out_fdims)
+        self.padded_in_shapes = [tuple(ceil_div(n, ctx.k(a)) * ctx.k(a) if a else n for n, a in zip(v.shape, d))
+                                 for v, d in zip(g.inputs, in_dims)]
+        smap = jax.shard_map(body, mesh=self.jax_mesh, in_specs=self.in_specs, out_specs=self.out_specs,
+                             check_vma=False)
+        self._jitted = jax.jit(smap)
+        avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
+        self._traced = self._jitted.trace(*avals)
+        self._compiled = None
+        warn_fallbacks(ctx)
+
+    # -- queries --------------------------------------------------------------------
+    def _value(self, name: str) -> Value:
+        for v in self.graph.all_values():
+            if v.name == name:
+                return v
+        if name in self._in_names:
+            return self.graph.inputs[self._in_names.index(name)]
+        if name.startswith("out") and name[3:].isdigit() and int(name[3:]) < len(self.graph.outputs):
+            return self.graph.outputs[int(name[3:])]
+        known = sorted({v.name for v in self.graph.values() if v.name} | set(self._in_names))
+        raise ShardingError(f"no value named {name!r} in {self.fn_name}; named values: {known} (and out0, out1, ...)")
+
+    def sharding_of(self, name: str) -> Sharding:
+        return self._shardings[self._value(name).id]
+
+    @property
+    def in_shardings(self):
+        return jax.tree_util.tree_unflatten(self._in_tree, [self._shardings[v.id] for v in self.graph.inputs])
+
+    @property
+    def out_shardings(self):
+        return jax.tree_util.tree_unflatten(self._out_tree, [self._shardings[v.id] for v in self.graph.outputs])
+
+    @property
+    def collectives(self) -> list[Collective]:
+        return list(self.ctx.collectives)
+
+    @property
+    def fallbacks(self):
+        return list(self.ctx.fallbacks)
+
+    def explain(self, name: str) -> str:
+        return self.prop.explain(self._value(name), name)
+
+    def spmd_text(self) -> str:
+        """The per-device program (the body of the shard_map), as a jaxpr."""
+        jaxpr = self._traced.jaxpr
+        for eqn in jaxpr.eqns:
+            inner = _find_shard_map(eqn)
+            if inner is not None:
+                return str(inner)
+        return str(jaxpr)
+
+    def lower_text(self) -> str:
+        """StableHLO of the SPMD program (works on abstract meshes too)."""
+        return self._traced.lower(lowering_platforms=("cpu",)).as_text()
+
+    def report(self) -> str:
+        """Per-op table: global/local shapes, shardings, collectives; fallbacks and notes."""
+        from .report import report
+
+        return report(self)
+
+    # -- execution --------------------------------------------------------------------
+    def compiled(self):
+        if self.mesh.is_abstract:
+            raise ShardingError(f"{self.mesh} is abstract: it can be planned and lowered, not run")
+        if self._compiled is None:
+            self._compiled = self._traced.lower().compile()
+        return self._compiled
+
+    def place(self, leaves):
+        from .boundary import place
+
+        return place(self, leaves)
+
+    def run(self, leaves):
+        outs = self.compiled()(*self.place(leaves))
+        return jax.tree_util.tree_unflatten(self._out_tree, list(outs))
+
+
+def _find_shard_map(eqn):
+    if eqn.primitive.name == "shard_map":
+        return eqn.params["jaxpr"]
+    for k in ("jaxpr", "call_jaxpr"):
+        sub = eqn.params.get(k)
+        if sub is not None:
+            j = getattr(sub, "jaxpr", sub)
+            for e in j.eqns:
+                r = _find_shard_map(e)
+                if r is not None:
+                    return r
+    return None
+
+
