@@ -54,7 +54,9 @@ _SUB_RE = re.compile(r"^\s*([^:()\s]+)\s*:\s*\(\s*(\d+)\s*\)\s*(\d+)\s*$")
 class Mesh:
     """An n-d mesh of devices with named axes.
 
-    ``Mesh((2, 4), ("x", "y"))`` takes the first 8 jax devices row-major;
+    ``Mesh((2, 4), ("x", "y"))`` takes the first 8 jax devices row-major, ordered hosts
+    major (process index, then device id): on a multi-process run (``jax.distributed``
+    initialised) the leading axes span processes and the trailing axes stay inside one;
     ``devices=`` gives explicit device ids (any permutation, flat or mesh-shaped);
     ``Mesh.abstract(shape, names)`` needs no devices (planning at scale).
     """
@@ -179,7 +181,8 @@ class Mesh:
 def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
     import jax
 
-    available = sorted(d.id for d in jax.devices())
+    devs = jax.devices()  # every process's devices once jax.distributed is initialised
+    available = sorted(d.id for d in devs)
     if devices is None:
         if size > len(available):
             raise MeshError(
@@ -187,7 +190,9 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
                 f"(use Mesh.abstract for planning at scale, or set "
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={size} before importing jax)"
             )
-        return np.asarray(available[:size], dtype=np.int64).reshape(shape)
+        # hosts major: process index, then device id (one process: plain id order)
+        order = [d.id for d in sorted(devs, key=lambda d: (d.process_index, d.id))]
+        return np.asarray(order[:size], dtype=np.int64).reshape(shape)
     arr = np.asarray(devices, dtype=object)
     flat = []
     for d in arr.reshape(-1):
