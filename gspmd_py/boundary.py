@@ -9,6 +9,10 @@ from jax.sharding import NamedSharding
 
 def place(plan, leaves):
     """Each input leaf as a global jax.Array in the plan's input sharding (uneven dims padded)."""
+    if jax.process_count() > 1:  # multi-process: place only this process's shards
+        from .global_inputs import place_global
+
+        return place_global(plan, leaves)
     out = []
     for x, v, shp, spec in zip(leaves, plan.graph.inputs, plan.padded_in_shapes, plan.in_specs):
         target = NamedSharding(plan.jax_mesh, spec)
