@@ -16,6 +16,7 @@ from .errors import ShardingError
 from .ir import Graph, Op, Value
 from .mesh import Mesh
 from .plan import Plan
+from .plancheck import check_same_program
 from .propagation import Propagation, Seed
 from .specs import _SPEC_LEAF, _annotation_dims, _aval, _broadcast_specs, _dims_from_spec
 from .trace import trace
@@ -48,7 +49,19 @@ class Spmd:
     def __call__(self, *args):
         key, leaves, tree, avals = self._key(args)
         p = self._plans.get(key) or self.plan(*args)
+        check_same_program(p)  # multi-process runs only: every process planned this program
         return p.run(leaves)
+
+    def from_local(self, *local_args, global_shapes=None):
+        """Call with each process's own block of every argument (multi-process runs; see
+        ``gspmd_py/global_inputs.py``): an argument split across processes by its in_sharding
+        is passed as the part this process's devices hold (``gp.distributed.local_slices``),
+        any other argument whole.
+        ``global_shapes`` (a shape or None per leaf) gives the global shapes that equal blocks
+        cannot infer (uneven dims). Outputs are global jax.Arrays, as from ``f(...)``."""
+        from .global_inputs import from_local
+
+        return from_local(self, local_args, global_shapes)
 
     def _plan(self, args, in_tree, avals) -> Plan:
         mesh = self.mesh
