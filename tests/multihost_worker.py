@@ -62,6 +62,13 @@ def mlp_results(log=lambda *a: None) -> dict:
         # w2 without an in_sharding: passed whole, laid out as propagation decides
         f2 = gp.spmd(mlp, mesh, in_shardings=specs[:2] + (None,))
         out[f"{name}/local_open"] = gp.to_host(f2.from_local(*blocks[:2], w2, global_shapes=(x.shape, None, None)))
+        # 3 rows over all 8 devices: process 0 holds rows 0-2, process 1 an empty block (on one
+        # process: all). The axis spanning processes goes major, so each process holds one block.
+        span = gp.distributed.axes_spanning_processes(mesh)
+        spec_e = P(span + tuple(a for a in mesh.axis_names if a not in span), None)
+        fe = gp.spmd(mlp, mesh, in_shardings=(spec_e,) + specs[1:])
+        xe = x[:3][gp.distributed.local_slices(mesh, spec_e, (3, D))]
+        out[f"{name}/local_empty"] = gp.to_host(fe.from_local(xe, *blocks[1:], global_shapes=((3, D), None, None)))
         # a global output as the next input, in another layout: padded rows, split columns
         # (a jitted re-layout across processes)
         g = gp.spmd(lambda h, w: h @ w, mesh, in_shardings=(P("x", "y"), P("y", None)))

@@ -53,11 +53,12 @@ def test_megatron_mlp_on_two_processes_matches_one_process_for_both_mesh_layouts
     assert got["tp_inside/spanning"].tolist() == [True, False]
     assert got["tp_across/spanning"].tolist() == [False, True]
     for name in ("tp_inside", "tp_across"):
-        for kind in ("global", "local", "local_open", "chained"):
+        for kind in ("global", "local", "local_open", "local_empty", "chained"):
             key = f"{name}/{kind}"
             assert got[key].shape == ref[key].shape
             np.testing.assert_allclose(got[key], ref[key], rtol=1e-5, atol=1e-5, err_msg=key)
         np.testing.assert_allclose(got[f"{name}/local"], exact, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[f"{name}/local_empty"], exact[:3], rtol=1e-5, atol=1e-5)
 
 
 def _load_example():
