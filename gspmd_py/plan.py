@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import jax
+from jax.extend.core import jaxpr_as_fun
 from jax.sharding import PartitionSpec as JP
 
 from .errors import ShardingError
@@ -13,7 +14,8 @@ from .ir import Graph, Value
 from .mesh import Mesh
 from .partitioner.context import Collective, Ctx
 from .partitioner.fine_mesh import FineMesh
-from .partitioner.program import boundary_out_dims, build_body, warn_fallbacks
+from .partitioner.program import boundary_out_dims, build_body, fine_plan, op_label, warn_fallbacks
+from .partitioner.records import collect
 from .partitioner.pvalue import ceil_div
 from .propagation import Propagation
 from .sharding import Sharding
@@ -28,6 +30,7 @@ class Plan:
         self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
         self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
         refs = [a for s in self._shardings.values() for a in s.used_axes]
+        refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
         self.fine = FineMesh.build(mesh, refs)
         self.ctx = Ctx(self.fine)
         self._build()
@@ -40,8 +43,15 @@ class Plan:
         g, ctx = self.graph, self.ctx
         in_dims = [self._fdims(v) for v in g.inputs]
         out_dims = [self._fdims(v) for v in g.outputs]
-        want = {v.id: self._fdims(v) for v in g.all_values()}
-        body = build_body(g, ctx, in_dims, out_dims, want)
+        ctx.want = {v.id: self._fdims(v) for v in g.all_values()}
+        ctx.rules = self.prop.rules
+        ctx.plans = {i: fine_plan(self.fine, p) for i, p in self.prop.projections.items()}
+        body = build_body(g, ctx, in_dims, out_dims)
+        local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(g.inputs, in_dims)]
+        # the per-device program, traced once: what it communicates is read back from it
+        self.program = jax.make_jaxpr(body, axis_env=list(zip(self.fine.names, self.fine.sizes)))(*local)
+        labels = {op.id: op_label(op) for op in g.walk()}
+        self._collectives = collect(self.program.jaxpr, self.fine, lambda i: labels.get(i, f"op {i}"))
         self.jax_mesh = self.fine.jax_mesh()
         spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
         self.in_specs = tuple(spec(d) for d in in_dims)
@@ -49,8 +59,9 @@ class Plan:
         self.out_specs = tuple(spec(d) for d in self._out_fdims)
         self.padded_in_shapes = [tuple(ceil_div(n, ctx.k(a)) * ctx.k(a) if a else n for n, a in zip(v.shape, d))
                                  for v, d in zip(g.inputs, in_dims)]
-        smap = jax.shard_map(body, mesh=self.jax_mesh, in_specs=self.in_specs, out_specs=self.out_specs,
-                             check_vma=False)
+        run = jaxpr_as_fun(self.program)
+        smap = jax.shard_map(lambda *xs: tuple(run(*xs)), mesh=self.jax_mesh, in_specs=self.in_specs,
+                             out_specs=self.out_specs, check_vma=False)
         self._jitted = jax.jit(smap)
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)
@@ -82,7 +93,7 @@ class Plan:
 
     @property
     def collectives(self) -> list[Collective]:
-        return list(self.ctx.collectives)
+        return list(self._collectives)
 
     @property
     def fallbacks(self):
@@ -93,12 +104,7 @@ class Plan:
 
     def spmd_text(self) -> str:
         """The per-device program (the body of the shard_map), as a jaxpr."""
-        jaxpr = self._traced.jaxpr
-        for eqn in jaxpr.eqns:
-            inner = _find_shard_map(eqn)
-            if inner is not None:
-                return str(inner)
-        return str(jaxpr)
+        return str(self.program)
 
     def lower_text(self) -> str:
         """StableHLO of the SPMD program (works on abstract meshes too)."""
@@ -127,18 +133,5 @@ class Plan:
         outs = self.compiled()(*self.place(leaves))
         return jax.tree_util.tree_unflatten(self._out_tree, list(outs))
 
-
-def _find_shard_map(eqn):
-    if eqn.primitive.name == "shard_map":
-        return eqn.params["jaxpr"]
-    for k in ("jaxpr", "call_jaxpr"):
-        sub = eqn.params.get(k)
-        if sub is not None:
-            j = getattr(sub, "jaxpr", sub)
-            for e in j.eqns:
-                r = _find_shard_map(e)
-                if r is not None:
-                    return r
-    return None
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from .partitioner.context import Collective
-from .partitioner.program import op_label
 
 
 def report(plan) -> str:
@@ -11,17 +10,17 @@ def report(plan) -> str:
     lines.append(f"gspmd_py plan for {plan.fn_name} on {plan.mesh}"
                  + (f" (executed on {dict(zip(plan.fine.names, plan.fine.sizes))})"
                     if plan.fine.names != plan.mesh.axis_names else ""))
-    by_op: dict[str, list[Collective]] = {}
-    for c in ctx.collectives:
-        by_op.setdefault(c.op, []).append(c)
+    collectives = plan.collectives
+    by_op: dict[int, list[Collective]] = {}
+    for c in collectives:
+        by_op.setdefault(c.op_id, []).append(c)
     rows = [("op", "global", "sharding", "local", "collectives")]
     for i, v in enumerate(plan.graph.inputs):
         s = plan._shardings[v.id]
         rows.append((f"input {plan._in_names[i]}", v.type_str, s.shardy(), _local(plan, v), ""))
     def walk(graph, depth):
         for op in graph.ops:
-            label = op_label(op)
-            colls = "; ".join(f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B" for c in by_op.get(label, []))
+            colls = "; ".join(f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B" for c in by_op.get(op.id, []))
             for v in op.outputs:
                 s = plan._shardings[v.id]
                 nm = f" <{v.name}>" if v.name else ""
@@ -32,13 +31,13 @@ def report(plan) -> str:
                 walk(r, depth + 1)
 
     walk(plan.graph, 0)
-    for c in by_op.get("boundary", []):
+    for c in by_op.get(-1, []):
         rows.append(("boundary", "", "", "", f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B"))
     widths = [min(max(len(r[i]) for r in rows), 48) for i in range(5)]
     for r in rows:
         lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    total = sum(c.bytes_per_device for c in ctx.collectives)
-    lines.append(f"collectives: {len(ctx.collectives)} ({_count(ctx.collectives)}), {total} bytes per device")
+    total = sum(c.bytes_per_device for c in collectives)
+    lines.append(f"collectives: {len(collectives)} ({_count(collectives)}), {total} bytes per device")
     for fb in ctx.fallbacks:
         lines.append(f"REPLICATED FALLBACK at {fb.op}: {fb.reason}")
     for note in ctx.notes:

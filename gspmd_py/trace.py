@@ -40,8 +40,12 @@ class _Builder:
     def __init__(self, ids: IdGen):
         self.ids = ids
 
-    def const(self, data) -> Value:
+    def const(self, data, dtype=None) -> Value:
+        """A constant Value; ``dtype`` is the jaxpr's type for it (a Python scalar literal is
+        weakly typed: ``int8_array * 3`` multiplies by an int8 3, not an int32 one)."""
         arr = np.asarray(data)
+        if dtype is not None and arr.dtype != np.dtype(dtype):
+            arr = np.asarray(data, dtype=dtype)
         return new_value(self.ids, arr.shape, arr.dtype, const=arr)
 
     def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None) -> Graph:
@@ -52,14 +56,14 @@ class _Builder:
         for var, val in zip(jaxpr.invars, inputs):
             env[var] = val
         for var, c in zip(jaxpr.constvars, consts):
-            env[var] = self.const(c)
+            env[var] = self.const(c, var.aval.dtype)
         self._eqns(jaxpr.eqns, env, ops)
         outs = [self._read(env, v) for v in jaxpr.outvars]
         return Graph(list(inputs), outs, ops)
 
     def _read(self, env, var) -> Value:
         if hasattr(var, "val") and not hasattr(var, "suffix") and type(var).__name__ == "Literal":
-            return self.const(var.val)
+            return self.const(var.val, var.aval.dtype)
         return env[var]
 
     def _eqns(self, eqns, env, ops: list[Op]) -> None:
@@ -74,7 +78,7 @@ class _Builder:
                     ins = ins[-len(inner.invars):] if n_extra < 0 else ins
                 local = dict(zip(inner.invars, ins))
                 for var, c in zip(inner.constvars, consts):
-                    local[var] = self.const(c)
+                    local[var] = self.const(c, var.aval.dtype)
                 self._eqns(inner.eqns, local, ops)
                 for ov, iv in zip(eqn.outvars, inner.outvars):
                     env[ov] = self._read(local, iv)

@@ -1,12 +1,27 @@
-"""Convolution and windowed reductions: spatial dims are window factors.
+"""Convolution and windowed reductions.
 
-    conv_general_dilated  lhs [N,H,W,C] (NHWC), rhs [KH,KW,C,O] (HWIO) -> [N,H',W',O]
-        "n h w c, kh kw c o -> n h w o"     h, w: window; c: reduction; kh, kw: need_replication*
-    reduce_window_max     [N,H,W,C] window (1,3,3,1) -> [N,H',W',C]   "n h w c -> n h w c"  h, w: window
+    conv_general_dilated  lhs [N,H,C] (NHC), rhs [KH,C,O] (HIO) -> [N,H',O]
 
-* a kernel sharded on its spatial dims is resharded by the partitioner (large-kernel case).
-With feature_group_count > 1 the input feature dim is split into (groups, c/groups); the
-group factor passes through to the output feature dim (depthwise convs shard on it).
+Features, by grouping:
+    plain             "[n,h,c], [kh,c,o] -> [n,h',o]"       c: reduction(sum), o: pass
+    depthwise         lhs features = groups g, rhs in-features 1, out features (g m):
+                      g passes from the lhs features to the output features (local
+                      feature_group_count = g / shards)
+    grouped (g > 1)   lhs features (g c'), rhs in-features c', rhs/out features (g o'):
+                      g pass, c' reduction(sum), o' pass
+    batch-grouped     (the weight gradient of a grouped conv) batch and output features
+                      need replication; plain input features still contract: reduction(sum)
+
+Spatial dims, by form (chosen per dim from the shapes, so every pass sees the same choice):
+    forward form      the output is at least as large as the kernel: input and output
+                      spatial dims share a window factor (halo exchange); the kernel's
+                      spatial dim needs replication
+                      "[n,h,c], [k,c,o] -> [n,h,o]"  h: window, k: need_replication
+    kernel form       the output is smaller than the kernel (the weight-gradient conv, whose
+                      "kernel" is the output cotangent): the kernel's spatial factor also
+                      indexes the input rows it meets; sharded, each device convolves the
+                      kernel rows it holds and the output is a partial sum
+                      "[n,r,c], [r,c,o] -> [n,s,o]"  r: reduction(sum), s: need_replication
 """
 from __future__ import annotations
 
@@ -14,7 +29,12 @@ from .registry import register
 from .rule import DOT, NEED_REPLICATION, OTHER, PASS, REDUCTION, WINDOW, OpRule, RuleBuilder
 
 
-@register("conv_general_dilated")
+def kernel_form(n_out: int, kernel: int) -> bool:
+    """Does a spatial dim of this size use the kernel form (see the module docstring)?"""
+    return n_out < kernel
+
+
+@register("conv_general_dilated", handler="conv")
 def conv(op) -> OpRule:
     dn = op.params["dimension_numbers"]
     lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
@@ -25,43 +45,48 @@ def conv(op) -> OpRule:
     lhs_f: list = [None] * len(lhs)
     rhs_f: list = [None] * len(rhs)
     out_f: list = [None] * len(out)
-    # batch
+    lb, lf = lhs_spec[0], lhs_spec[1]
+    ro, ri = rhs_spec[0], rhs_spec[1]
+    ob, of = out_spec[0], out_spec[1]
     if bgc == 1:
-        n = b.factor(lhs[lhs_spec[0]])
-        lhs_f[lhs_spec[0]] = out_f[out_spec[0]] = n
+        lhs_f[lb] = out_f[ob] = b.factor(lhs[lb])
     else:
-        lhs_f[lhs_spec[0]] = b.factor(lhs[lhs_spec[0]], NEED_REPLICATION)
-        out_f[out_spec[0]] = b.factor(out[out_spec[0]])
-    # features
-    if fgc == 1 and bgc == 1:
-        c = b.factor(lhs[lhs_spec[1]], REDUCTION)
-        lhs_f[lhs_spec[1]] = rhs_f[rhs_spec[1]] = c
-        o = b.factor(rhs[rhs_spec[0]])
-        rhs_f[rhs_spec[0]] = out_f[out_spec[1]] = o
-    elif fgc > 1 and lhs[lhs_spec[1]] == fgc and rhs[rhs_spec[1]] == 1:
-        # depthwise: each group has one input feature; the group factor passes to the output features
+        lhs_f[lb] = b.factor(lhs[lb], NEED_REPLICATION)
+        out_f[ob] = b.factor(out[ob], NEED_REPLICATION)
+    c_in, o = lhs[lf], rhs[ro]
+    if bgc > 1:
+        lhs_f[lf] = rhs_f[ri] = b.factor(c_in, REDUCTION) if fgc == 1 else b.factor(c_in, NEED_REPLICATION)
+        if fgc > 1:
+            rhs_f[ri] = b.factor(rhs[ri], NEED_REPLICATION)
+        rhs_f[ro] = out_f[of] = b.factor(o, NEED_REPLICATION)
+    elif fgc == 1:
+        lhs_f[lf] = rhs_f[ri] = b.factor(c_in, REDUCTION)
+        rhs_f[ro] = out_f[of] = b.factor(o)
+    elif c_in == fgc and rhs[ri] == 1:  # depthwise
         g = b.factor(fgc)
-        lhs_f[lhs_spec[1]] = g
-        rhs_f[rhs_spec[1]] = None
-        o = rhs[rhs_spec[0]]
-        if o == fgc:
-            rhs_f[rhs_spec[0]] = out_f[out_spec[1]] = g
-        else:  # channel multiplier m: out features = g * m, major g
-            m = b.factor(o // fgc)
-            rhs_f[rhs_spec[0]] = out_f[out_spec[1]] = (g, m)
-    else:
-        lhs_f[lhs_spec[1]] = b.factor(lhs[lhs_spec[1]], NEED_REPLICATION)
-        rhs_f[rhs_spec[1]] = b.factor(rhs[rhs_spec[1]], NEED_REPLICATION)
-        o = b.factor(rhs[rhs_spec[0]])
-        rhs_f[rhs_spec[0]] = out_f[out_spec[1]] = o
-    for li, ri, oi in zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:]):
-        s = b.factor(out[oi], WINDOW)
-        lhs_f[li] = out_f[oi] = s
-        rhs_f[ri] = b.factor(rhs[ri], NEED_REPLICATION)
-    return b.operand(lhs_f).operand(rhs_f).result(out_f).build(DOT, handler="conv")
+        lhs_f[lf] = g
+        rhs_f[ri] = None
+        rhs_f[ro] = out_f[of] = g if o == fgc else (g, b.factor(o // fgc))
+    else:  # grouped
+        g = b.factor(fgc)
+        cg = b.factor(c_in // fgc, REDUCTION)
+        og = b.factor(o // fgc)
+        lhs_f[lf] = (g, cg)
+        rhs_f[ri] = cg
+        rhs_f[ro] = out_f[of] = (g, og)
+    for li, ki, oi in zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:]):
+        if kernel_form(out[oi], rhs[ki]):
+            r = b.factor(rhs[ki], REDUCTION, window=True)
+            lhs_f[li] = rhs_f[ki] = r
+            out_f[oi] = b.factor(out[oi], NEED_REPLICATION)
+        else:
+            s = b.factor(out[oi], WINDOW)
+            lhs_f[li] = out_f[oi] = s
+            rhs_f[ki] = b.factor(rhs[ki], NEED_REPLICATION)
+    return b.operand(lhs_f).operand(rhs_f).result(out_f).build(DOT)
 
 
-@register("reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window")
+@register("reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window", handler="reduce_window")
 def reduce_window(op) -> OpRule:
     dims = op.params["window_dimensions"]
     strides = op.params["window_strides"]
@@ -78,10 +103,10 @@ def reduce_window(op) -> OpRule:
         b.operand(fs if i < n_arr else [None] * v.rank)
     for _ in op.outputs:
         b.result(fs)
-    return b.build(OTHER, handler="reduce_window")
+    return b.build(OTHER)
 
 
-@register("select_and_scatter_add")
+@register("select_and_scatter_add", handler="select_and_scatter_add")
 def select_and_scatter_add(op) -> OpRule:
     # operands: source (window outputs' cotangent), operand (the pooled input); result like operand
     dims = op.params["window_dimensions"]
@@ -93,4 +118,4 @@ def select_and_scatter_add(op) -> OpRule:
         trivial = dims[d] == 1 and strides[d] == 1 and tuple(pads[d]) == (0, 0)
         fs.append(b.factor(s, PASS if trivial else WINDOW))
     b.operand(fs).operand(fs).result(fs)
-    return b.build(OTHER, handler="select_and_scatter_add")
+    return b.build(OTHER)

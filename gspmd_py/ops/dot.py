@@ -1,17 +1,19 @@
 """dot_general: batch, free and contracting factors.
 
-    [b,m,k] x [b,k,n] -> [b,m,n]     "b m k, b k n -> b m n"   k: reduction
+    [b,m,k] x [b,k,n] -> [b,m,n]     "[i,j,k], [i,k,l] -> [i,j,l]"   k: reduction(sum)
+    bool operands: the contraction is an OR of ANDs, so k is reduction(or)
 
 A sharded contracting factor yields partial sums (kept partial until a consumer needs the
 reduced value). Propagation prefers batch factors, then the larger operand's factors.
 """
 from __future__ import annotations
 
+from ..dtypes import is_bool
 from .registry import register
 from .rule import DOT, REDUCTION, OpRule, RuleBuilder
 
 
-@register("dot_general")
+@register("dot_general", handler="dot")
 def dot_general(op) -> OpRule:
     (lc, rc), (lb, rb) = op.params["dimension_numbers"]
     lhs, rhs = op.inputs[0].shape, op.inputs[1].shape
@@ -23,8 +25,9 @@ def dot_general(op) -> OpRule:
         f = b.factor(lhs[i])
         lhs_f[i] = rhs_f[j] = f
         out.append(f)
+    reduce = "or" if is_bool(op.outputs[0].dtype) else "sum"
     for i, j in zip(lc, rc):
-        f = b.factor(lhs[i], REDUCTION)
+        f = b.factor(lhs[i], REDUCTION, reduce)
         lhs_f[i] = rhs_f[j] = f
     for i in range(len(lhs)):
         if lhs_f[i] is None:
@@ -34,4 +37,4 @@ def dot_general(op) -> OpRule:
         if rhs_f[j] is None:
             rhs_f[j] = b.factor(rhs[j])
             out.append(rhs_f[j])
-    return b.operand(lhs_f).operand(rhs_f).result(out).build(DOT, handler="dot")
+    return b.operand(lhs_f).operand(rhs_f).result(out).build(DOT)

@@ -24,14 +24,7 @@ NARY = (
 )
 IDENTITY = ("gspmd_annotate", "gspmd_tag")
 
-# ops through which a partial sum may flow unreduced (linear in every partial operand)
-LINEAR = frozenset({"neg", "convert_element_type", "copy", "copy_p", "add", "add_any", "sub", "real", "imag",
-                    "conj", "reduce_precision", "gspmd_tag"})
-# linear in one operand when the others are not partial: c*x, x*c, x/c (numerator only)
-LINEAR_IN_ONE = frozenset({"mul", "div"})
-
-
-@register(*UNARY, *NARY, *IDENTITY)
+@register(*UNARY, *NARY, *IDENTITY, handler="elementwise")
 def elementwise(op) -> OpRule:
     shape = op.outputs[0].shape
     b = RuleBuilder()
@@ -42,4 +35,4 @@ def elementwise(op) -> OpRule:
                   else [None] * v.rank)
     for _ in op.outputs:
         b.result(fs)
-    return b.build(ELEMENTWISE, handler="elementwise")
+    return b.build(ELEMENTWISE)

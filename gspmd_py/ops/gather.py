@@ -14,7 +14,7 @@ from .registry import register
 from .rule import NEED_REPLICATION, OTHER, PASS, OpRule, RuleBuilder
 
 
-@register("gather")
+@register("gather", handler="generic")
 def gather(op) -> OpRule:
     dn = op.params["dimension_numbers"]
     slice_sizes = op.params["slice_sizes"]
@@ -41,11 +41,11 @@ def gather(op) -> OpRule:
     for d in range(len(operand)):
         if op_f[d] is None:
             op_f[d] = b.factor(operand[d], NEED_REPLICATION)
-    return b.operand(op_f).operand(idx_f).result(out_f).build(OTHER, handler="gather")
+    return b.operand(op_f).operand(idx_f).result(out_f).build(OTHER)
 
 
 @register("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
-          "scatter-max", "scatter_max")
+          "scatter-max", "scatter_max", handler="generic")
 def scatter(op) -> OpRule:
     dn = op.params["dimension_numbers"]
     operand, indices, updates = op.inputs[0].shape, op.inputs[1].shape, op.inputs[2].shape
@@ -65,4 +65,4 @@ def scatter(op) -> OpRule:
         if upd_f[d] is None:
             upd_f[d] = b.factor(updates[d], NEED_REPLICATION)
     idx_f = [b.factor(s, NEED_REPLICATION) for s in indices]
-    return b.operand(op_f).operand(idx_f).operand(upd_f).result(op_f).build(OTHER, handler="scatter")
+    return b.operand(op_f).operand(idx_f).operand(upd_f).result(op_f).build(OTHER)

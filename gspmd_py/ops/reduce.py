@@ -1,42 +1,52 @@
 """Reductions, arg-reductions, scans along a dim, sort and top_k.
 
-    reduce_sum  [m,n] axes=(1,) -> [m]        "i j -> i"      j: reduction (partial sums)
-    reduce_max  [m,n] axes=(0,) -> [n]        "i j -> j"      i: reduction (all-reduce max)
-    argmax      [m,n] axes=(1,) -> [m]        "i j -> i"      j: reduction (value+index combine)
-    cumsum      [m,n] axis=0    -> [m,n]      "i j -> i j"    i: need_replication
-    sort        [m,n] dimension=1 -> [m,n]    "i j -> i j"    j: need_replication
-    top_k       [m,n] k         -> [m,k],[m,k] "i j -> i l, i l"   j, l: need_replication
+    reduce_sum  [m,n] axes=(1,) -> [m]        "[i,j] -> [i]"      j: reduction(sum): partial sums
+    reduce_max  [m,n] axes=(0,) -> [n]        "[i,j] -> [j]"      i: reduction(max): all-reduce max
+    argmax      [m,n] axes=(1,) -> [m]        "[i,j] -> [i]"      j: reduction(argmax): (value, index)
+                                                                  candidates of every shard combined
+    cumsum      [m,n] axis=0    -> [m,n]      "[i,j] -> [i,j]"    i: prefix (local scan + the carried
+                                                                  totals of the shards before)
+    sort        [m,n] dimension=1 -> [m,n]    "[i,j] -> [i,j]"    j: need_replication
+    top_k       [m,n] k         -> [m,k],[m,k] "[i,j] -> [i,l], [i,l]"   j, l: need_replication
 """
 from __future__ import annotations
 
 from .registry import register
-from .rule import NEED_REPLICATION, OTHER, PASS, REDUCTION, OpRule, RuleBuilder
+from .rule import NEED_REPLICATION, OTHER, PASS, PREFIX, REDUCTION, OpRule, RuleBuilder
 
 REDUCERS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
             "reduce_and": "and", "reduce_or": "or", "reduce_xor": "xor"}
 SCANS = ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 
 
-@register(*REDUCERS, "argmax", "argmin")
-def reduce(op) -> OpRule:
+def _reduction(op, how: str) -> OpRule:
     axes = set(op.params["axes"])
     src = op.inputs[0].shape
     b = RuleBuilder()
-    fs = [b.factor(s, REDUCTION if d in axes else PASS) for d, s in enumerate(src)]
+    fs = [b.factor(s, REDUCTION, how) if d in axes else b.factor(s) for d, s in enumerate(src)]
     b.operand(fs)
-    handler = "argreduce" if op.prim in ("argmax", "argmin") else "reduce"
-    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER, handler=handler)
+    return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER)
 
 
-@register(*SCANS)
+@register(*REDUCERS, handler="reduce")
+def reduce(op) -> OpRule:
+    return _reduction(op, REDUCERS[op.prim])
+
+
+@register("argmax", "argmin", handler="argreduce")
+def argreduce(op) -> OpRule:
+    return _reduction(op, op.prim)
+
+
+@register(*SCANS, handler="cumulative")
 def scan_along(op) -> OpRule:
     axis = op.params["axis"]
     b = RuleBuilder()
-    fs = [b.factor(s, NEED_REPLICATION if d == axis else PASS) for d, s in enumerate(op.inputs[0].shape)]
-    return b.operand(fs).result(fs).build(OTHER, handler="cumulative")
+    fs = [b.factor(s, PREFIX if d == axis else PASS) for d, s in enumerate(op.inputs[0].shape)]
+    return b.operand(fs).result(fs).build(OTHER)
 
 
-@register("sort")
+@register("sort", handler="along_dim")
 def sort(op) -> OpRule:
     dim = op.params["dimension"]
     b = RuleBuilder()
@@ -45,10 +55,10 @@ def sort(op) -> OpRule:
         b.operand(fs)
     for _ in op.outputs:
         b.result(fs)
-    return b.build(OTHER, handler="along_dim")
+    return b.build(OTHER)
 
 
-@register("top_k")
+@register("top_k", handler="along_dim")
 def top_k(op) -> OpRule:
     src = op.inputs[0].shape
     last = len(src) - 1
@@ -58,4 +68,4 @@ def top_k(op) -> OpRule:
     b.operand(fs)
     for _ in op.outputs:
         b.result(fs[:-1] + [k])
-    return b.build(OTHER, handler="along_dim")
+    return b.build(OTHER)

@@ -1,27 +1,34 @@
-"""The op-rule registry: primitive name -> function(op) -> OpRule.
+"""The op-rule registry: primitive name -> (rule function, handler name).
 
-The only global mutable state in gspmd_py. Rules register next to their definition::
+The only global mutable state in gspmd_py. Rules register next to their definition and
+name the partitioner handler that executes them; a name that is not one of
+``rule.HANDLER_NAMES``, or a primitive registered twice, fails at import::
 
-    @register("tanh", "exp", ...)
-    def elementwise(op): ...
+    @register("tanh", "exp", handler="elementwise")
+    def elementwise(op) -> OpRule: ...
 """
 from __future__ import annotations
 
 from typing import Callable
 
+import attrs
+
 from ..errors import UnsupportedOpError
-from .rule import OpRule
+from .rule import HANDLER_NAMES, OpRule
 
 RuleFn = Callable[..., OpRule]
-_RULES: dict[str, RuleFn] = {}
+_RULES: dict[str, tuple[RuleFn, str]] = {}
 
 
-def register(*names: str) -> Callable[[RuleFn], RuleFn]:
+def register(*names: str, handler: str) -> Callable[[RuleFn], RuleFn]:
+    if handler not in HANDLER_NAMES:
+        raise ValueError(f"sharding rule for {names}: unknown handler {handler!r} (known: {sorted(HANDLER_NAMES)})")
+
     def deco(fn: RuleFn) -> RuleFn:
         for n in names:
             if n in _RULES:
-                raise ValueError(f"duplicate sharding rule for {n}")
-            _RULES[n] = fn
+                raise ValueError(f"duplicate sharding rule for primitive {n!r}")
+            _RULES[n] = (fn, handler)
         return fn
 
     return deco
@@ -35,12 +42,17 @@ def registered() -> list[str]:
     return sorted(_RULES)
 
 
+def handler_names_in_use() -> set[str]:
+    return {h for _, h in _RULES.values()}
+
+
 def rule_for(op) -> OpRule:
-    fn = _RULES.get(op.prim)
-    if fn is None:
+    entry = _RULES.get(op.prim)
+    if entry is None:
         where = f" (at {op.source})" if getattr(op, "source", "") else ""
         raise UnsupportedOpError(
             f"primitive {op.prim!r}{where} has no sharding rule in gspmd_py; supported primitives: "
             f"{', '.join(registered()[:12])}, ... ({len(_RULES)} in all; see gspmd_py.ops.registered())"
         )
-    return fn(op)
+    fn, handler = entry
+    return attrs.evolve(fn(op), handler=handler)

@@ -1,36 +1,63 @@
-"""Sharding rules as factor mappings (Shardy's OpShardingRule).
+"""Sharding rules as factor mappings (Shardy's OpShardingRule): the one contract between
+propagation, the partitioner and the cost model.
 
 An op's rule names a *factor* for every way the op relates tensor dims: each operand
 and result dim maps to a list of factors (major first; reshape may need several, a
-size-1 dim none). Worked examples in the notation used by the tests::
+size-1 dim none). Worked examples in the notation ``OpRule.__str__`` prints and the tests
+use (factors are lettered i, j, k, ...)::
 
-    dot_general  [b,m,k] x [b,k,n] -> [b,m,n]   "b m k, b k n -> b m n"   k: reduction
-    reduce_sum   [m,n] axes=(1,)    -> [m]      "m n -> m"                n: reduction
-    reshape      [8] -> [2,4]                   "(p q) -> p q"            p=2, q=4
-    cumsum       [m,n] axis=0       -> [m,n]    "m n -> m n"              m: need_replication
-    conv         [b,h,c] x [w,c,o]  -> [b,h,o]  "b h c, w c o -> b h o"   h: window, c: reduction
+    dot_general  [b,m,k] x [b,k,n] -> [b,m,n]   "[i,j,k], [i,k,l] -> [i,j,l]"  k: reduction(sum)
+    reduce_max   [m,n] axes=(1,)    -> [m]      "[i,j] -> [i]"                 j: reduction(max)
+    reshape      [8] -> [2,4]                   "[(i j)] -> [i,j]"
+    cumsum       [m,n] axis=0       -> [m,n]    "[i,j] -> [i,j]"               i: prefix
+    sort         [m,n] dimension=1  -> [m,n]    "[i,j] -> [i,j]"               j: need_replication
+    conv (forward form)  [b,h,c] x [w,c,o] -> [b,h',o]   h~h': window, w: need_replication,
+                                                          c: reduction(sum)
+    conv (kernel form: weight gradient, output smaller than the kernel)
+                         [b,h,c] x [w,c,o] -> [b,h',o]   h~w: reduction(sum) (each device
+                                                          meets the kernel rows it holds),
+                                                          h': need_replication
 
-Factor kinds:
-  pass              same index in every tensor that has it (elementwise-like)
-  reduction         appears in operands only: a sharded one gives partial sums
-  need_replication  must be unsharded for the op (sort axis, cumsum axis, gather slice dims)
-  window            windowed/offset dims (conv spatial, pad, slice, concat): may be sharded,
-                    the partitioner exchanges halos
-Propagation reads factors to move shardings between tensors; the partitioner reads the
-same rule to pick each operand's sharding and the local computation.
+Factor kinds (what a sharded factor means, for every pass that reads the rule):
+  pass              same index in every tensor that has it: local computation, no communication
+  window            pass, but the op reads neighbouring rows (conv spatial, pad, slice,
+                    concatenate, reduce_window): the partitioner exchanges halos. An
+                    operand held whole on a window dim is read whole (sliced locally);
+                    a reduction factor may be windowed too (``Factor.window``: the conv
+                    kernel form), with the same rule for its operands.
+  reduction         in operands only: a sharded one leaves the results *partial* over its
+                    axes, to be combined with the factor's ``reduce`` op (sum, max, min,
+                    and, or, xor, prod; "pick" = exactly one device holds each element,
+                    the others the identity: a dynamic slice of sharded rows)
+  prefix            a scanned dim (cumsum, cummax): sharded, each device scans its rows and
+                    adds the carried prefix of the shards before it
+  need_replication  must be unsharded for the op (sort axis, gather's indexed dims)
+
+Propagation moves shardings between tensors through factors; at its end it records, for
+every op, the factor -> axes assignment (the *projection*, propagation/projection.py).
+The partitioner executes exactly that projection, and the cost model prices it.
 """
 from __future__ import annotations
 
-import re
 from typing import Iterable, Sequence
 
 import attrs
 
-PASS, REDUCTION, NEED_REPLICATION, WINDOW = "pass", "reduction", "need_replication", "window"
-KINDS = (PASS, REDUCTION, NEED_REPLICATION, WINDOW)
+PASS, WINDOW, REDUCTION, PREFIX, NEED_REPLICATION = "pass", "window", "reduction", "prefix", "need_replication"
+KINDS = (PASS, WINDOW, REDUCTION, PREFIX, NEED_REPLICATION)
+SHARDABLE = (PASS, WINDOW, REDUCTION, PREFIX)  # kinds propagation may give axes
+REDUCE_OPS = ("sum", "max", "min", "and", "or", "xor", "prod", "pick", "argmax", "argmin")
 
 # op priority levels for propagation (lower runs first), as GSPMD's aggressiveness/Shardy's op priority
 ELEMENTWISE, DOT, OTHER, BROADCAST = 0, 1, 2, 3
+
+# Every partitioner handler, by name. A rule names one of these; partitioner/registry.py
+# checks at import that each has exactly one handler.
+HANDLER_NAMES = frozenset({
+    "elementwise", "transpose", "broadcast", "reshape", "iota", "generic", "dot", "reduce", "argreduce",
+    "cumulative", "along_dim", "conv", "reduce_window", "select_and_scatter_add", "pad", "slice", "rev",
+    "concatenate", "dynamic_slice", "dynamic_update_slice", "split", "control", "replicated",
+})
 
 TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first
 
@@ -39,6 +66,16 @@ TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first
 class Factor:
     size: int
     kind: str = PASS
+    reduce: str = ""  # for REDUCTION factors: how partial results combine
+    window: bool = False  # the op reads this factor's rows through a window (halo exchange)
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind == WINDOW:
+            object.__setattr__(self, "window", True)
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown factor kind {self.kind!r}")
+        if (self.kind == REDUCTION) != bool(self.reduce) or (self.reduce and self.reduce not in REDUCE_OPS):
+            raise ValueError(f"factor kind {self.kind!r} with reduce {self.reduce!r}")
 
 
 @attrs.frozen
@@ -58,6 +95,17 @@ class OpRule:
         """(tensor index, dim) pairs that carry factor f."""
         return [(t, d) for t, dims in enumerate(self.tensors) for d, fs in enumerate(dims) if f in fs]
 
+    def kind(self, f: int) -> str:
+        return self.factors[f].kind
+
+    def of_kind(self, *kinds: str) -> list[int]:
+        return [f for f, fac in enumerate(self.factors) if fac.kind in kinds]
+
+    def windowed(self, operand: int, dim: int) -> bool:
+        """Does the op read operand dim ``dim`` through a window (so it may be held whole)?"""
+        fs = self.operands[operand][dim]
+        return bool(fs) and self.factors[fs[0]].window
+
     def __str__(self) -> str:
         names = [chr(ord("i") + i) if i < 18 else f"f{i}" for i in range(len(self.factors))]
 
@@ -65,22 +113,30 @@ class OpRule:
             return "[" + ",".join("(" + " ".join(names[f] for f in fs) + ")" if len(fs) > 1 else
                                   (names[fs[0]] if fs else "1") for fs in dims) + "]"
 
-        kinds = ", ".join(f"{names[i]}: {f.kind}" for i, f in enumerate(self.factors) if f.kind != PASS)
+        kinds = ", ".join(f"{names[i]}: {f.kind}" + (f"({f.reduce})" if f.reduce else "")
+                          for i, f in enumerate(self.factors) if f.kind != PASS)
         text = ", ".join(fmt(t) for t in self.operands) + " -> " + ", ".join(fmt(t) for t in self.results)
         return text + (f"   ({kinds})" if kinds else "")
 
 
 class RuleBuilder:
-    """Fluent construction: ``b = RuleBuilder(); k = b.factor(4, REDUCTION); b.operand([[m], [k]])``."""
+    """Fluent construction::
+
+        b = RuleBuilder()
+        m, n = b.factors([8, 16])
+        k = b.factor(32, REDUCTION, reduce="sum")
+        rule = b.operand([m, k]).operand([k, n]).result([m, n]).build(DOT)   # "[i,k], [k,j] -> [i,j]"
+    """
 
     def __init__(self) -> None:
         self._factors: list[Factor] = []
         self._operands: list[TensorDims] = []
         self._results: list[TensorDims] = []
 
-    def factor(self, size: int, kind: str = PASS) -> int:
-        assert kind in KINDS, kind
-        self._factors.append(Factor(int(size), kind))
+    def factor(self, size: int, kind: str = PASS, reduce: str = "", window: bool = False) -> int:
+        if kind == REDUCTION and not reduce:
+            reduce = "sum"
+        self._factors.append(Factor(int(size), kind, reduce, window))
         return len(self._factors) - 1
 
     def factors(self, sizes: Iterable[int], kind: str = PASS) -> list[int]:
@@ -94,8 +150,8 @@ class RuleBuilder:
         self._results.append(_dims(dims, self._factors))
         return self
 
-    def build(self, level: int = ELEMENTWISE, handler: str = "generic", forward_level: int | None = None) -> OpRule:
-        return OpRule(tuple(self._factors), tuple(self._operands), tuple(self._results), level, forward_level, handler)
+    def build(self, level: int = ELEMENTWISE, forward_level: int | None = None) -> OpRule:
+        return OpRule(tuple(self._factors), tuple(self._operands), tuple(self._results), level, forward_level)
 
 
 def _dims(dims, factors: list[Factor]) -> TensorDims:
@@ -104,35 +160,3 @@ def _dims(dims, factors: list[Factor]) -> TensorDims:
         fs = () if d is None else (d,) if isinstance(d, int) else tuple(d)
         out.append(tuple(f for f in fs if factors[f].size != 1 or len(fs) == 1))
     return tuple(out)
-
-
-def einsum_rule(spec: str, shapes: Sequence[Sequence[int]], *, reduction: str = "", need_replication: str = "",
-                window: str = "", level: int = ELEMENTWISE, handler: str = "generic") -> OpRule:
-    """Build a rule from einsum-like text, e.g. ``einsum_rule("b m k, b k n -> b m n", shapes, reduction="k")``.
-
-    ``shapes`` are the operand shapes then the result shapes; a size-1 dim's letter is dropped
-    (it carries no sharding), and a letter that is ``1`` maps the dim to no factor.
-    """
-    lhs, rhs = spec.split("->")
-    tensors = [t.split() for t in lhs.split(",")] + [t.split() for t in rhs.split(",")]
-    kinds = {c: k for k, cs in ((REDUCTION, reduction), (NEED_REPLICATION, need_replication), (WINDOW, window))
-             for c in re.findall(r"\w+", cs)}
-    b = RuleBuilder()
-    ids: dict[str, int] = {}
-    dims_all = []
-    for letters, shape in zip(tensors, shapes):
-        dims = []
-        for letter, size in zip(letters, shape):
-            if letter == "1":
-                dims.append(None)
-                continue
-            if letter not in ids:
-                ids[letter] = b.factor(size, kinds.get(letter, PASS))
-            dims.append(ids[letter])
-        dims_all.append(dims)
-    n_ops = len(lhs.split(","))
-    for dims in dims_all[:n_ops]:
-        b.operand(dims)
-    for dims in dims_all[n_ops:]:
-        b.result(dims)
-    return b.build(level, handler)

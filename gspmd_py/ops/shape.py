@@ -1,31 +1,31 @@
 """Shape ops: broadcast, reshape, transpose, squeeze, expand_dims, iota, concatenate, pad,
 slice, rev, dynamic_slice, dynamic_update_slice.
 
-    transpose        [a,b,c] perm=(1,2,0) -> [b,c,a]     "i j k -> j k i"
-    broadcast_in_dim [m] dims=(1,) -> [4,m]              "j -> i j"   (i new: propagates forward last)
-    reshape          [8] -> [2,4]                        "(i j) -> i j"
-    reshape          [14,32] -> [7,2,2,16]               "(i j) (k l) -> i j k l"
-    pad              [m] lo=1 hi=2 -> [m+3]              "i -> i"     i: window (halo on a sharded dim)
-    concatenate      [m],[n] -> [m+n]                    "i, i -> i"  i: window
-    dynamic_slice    [m,n] sizes=(2,n) -> [2,n]          "i j -> i j" i: window (the sliced dim)
+    transpose        [a,b,c] perm=(1,2,0) -> [b,c,a]     "[i,j,k] -> [j,k,i]"
+    broadcast_in_dim [m] dims=(1,) -> [4,m]              "[j] -> [i,j]"   (i new: propagates forward last)
+    reshape          [8] -> [2,4]                        "[(i j)] -> [i,j]"
+    reshape          [14,32] -> [7,2,2,16]               "[(i j),(k l)] -> [i,j,k,l]"
+    pad              [m] lo=1 hi=2 -> [m+3]              "[i] -> [i]"     i: window (halo on a sharded dim)
+    concatenate      [m],[n] -> [m+n]                    "[i], [i] -> [i]"  i: window
+    dynamic_slice    [m,n] sizes=(2,n) -> [2,n]          "[i,j] -> [k,j]"   i: reduction(pick), k:
+                     need_replication (a small slice: each device contributes the rows it holds)
+    dynamic_slice    [m,n] sizes=(m-1,n) -> [m-1,n]      "[i,j] -> [k,j]"   i, k: need_replication
 """
 from __future__ import annotations
 
-import math
-
 from .registry import register
-from .rule import BROADCAST, ELEMENTWISE, NEED_REPLICATION, OTHER, PASS, WINDOW, OpRule, RuleBuilder
+from .rule import BROADCAST, ELEMENTWISE, NEED_REPLICATION, OTHER, PASS, REDUCTION, WINDOW, OpRule, RuleBuilder
 
 
-@register("transpose")
+@register("transpose", handler="transpose")
 def transpose(op) -> OpRule:
     perm = op.params["permutation"]
     b = RuleBuilder()
     fs = b.factors(op.inputs[0].shape)
-    return b.operand(fs).result([fs[p] for p in perm]).build(ELEMENTWISE, handler="transpose")
+    return b.operand(fs).result([fs[p] for p in perm]).build(ELEMENTWISE)
 
 
-@register("broadcast_in_dim")
+@register("broadcast_in_dim", handler="broadcast")
 def broadcast_in_dim(op) -> OpRule:
     out = op.outputs[0].shape
     bdims = op.params["broadcast_dimensions"]
@@ -35,10 +35,10 @@ def broadcast_in_dim(op) -> OpRule:
     b.operand([fs[d] if src[i] == out[d] else None for i, d in enumerate(bdims)])
     for _ in op.inputs[1:]:  # dynamic shapes: scalars
         b.operand([])
-    return b.result(fs).build(OTHER, handler="broadcast", forward_level=BROADCAST)
+    return b.result(fs).build(OTHER, forward_level=BROADCAST)
 
 
-@register("squeeze", "expand_dims", "reshape")
+@register("squeeze", "expand_dims", "reshape", handler="reshape")
 def reshape(op) -> OpRule:
     b = RuleBuilder()
     src = op.inputs[0].shape
@@ -53,7 +53,7 @@ def reshape(op) -> OpRule:
     b.operand(in_dims)
     for _ in op.inputs[1:]:
         b.operand([])
-    return b.result(out_dims).build(OTHER, handler="reshape")
+    return b.result(out_dims).build(OTHER)
 
 
 def reshape_factors(b: RuleBuilder, src, dst):
@@ -108,50 +108,48 @@ def reshape_factors(b: RuleBuilder, src, dst):
     return in_dims, out_dims
 
 
-@register("iota")
+@register("iota", handler="iota")
 def iota(op) -> OpRule:
     b = RuleBuilder()
     fs = b.factors(op.outputs[0].shape)
     for _ in op.inputs:
         b.operand([])
-    return b.result(fs).build(OTHER, handler="iota")
+    return b.result(fs).build(OTHER)
 
 
-def _windowed(op, windowed_dims, *, extra_operands=(), handler="windowed") -> OpRule:
+def _windowed(op, windowed_dims) -> OpRule:
     """Operand 0 and result 0 share one factor per dim; ``windowed_dims`` are WINDOW factors."""
     b = RuleBuilder()
     out = op.outputs[0].shape
     fs = [b.factor(s, WINDOW if d in windowed_dims else PASS) for d, s in enumerate(out)]
     b.operand(fs)
     for v in op.inputs[1:]:
-        if v.rank == len(out) and v.id not in extra_operands:
+        if v.rank == len(out):
             b.operand(fs)
         else:
             b.operand([None] * v.rank)
-    return b.result(fs).build(OTHER, handler=handler)
+    return b.result(fs).build(OTHER)
 
 
-@register("pad")
+@register("pad", handler="pad")
 def pad(op) -> OpRule:
     cfg = op.params["padding_config"]
-    return _windowed(op, {d for d, (lo, hi, interior) in enumerate(cfg) if (lo, hi, interior) != (0, 0, 0)},
-                     handler="pad")
+    return _windowed(op, {d for d, (lo, hi, interior) in enumerate(cfg) if (lo, hi, interior) != (0, 0, 0)})
 
 
-@register("slice")
+@register("slice", handler="slice")
 def slice_(op) -> OpRule:
     src, out = op.inputs[0].shape, op.outputs[0].shape
     return _windowed(op, {d for d in range(len(out)) if src[d] != out[d] or
-                          (op.params.get("strides") and op.params["strides"][d] not in (None, 1))},
-                     handler="slice")
+                          (op.params.get("strides") and op.params["strides"][d] not in (None, 1))})
 
 
-@register("rev")
+@register("rev", handler="rev")
 def rev(op) -> OpRule:
-    return _windowed(op, set(op.params["dimensions"]), handler="rev")
+    return _windowed(op, set(op.params["dimensions"]))
 
 
-@register("concatenate")
+@register("concatenate", handler="concatenate")
 def concatenate(op) -> OpRule:
     d = op.params["dimension"]
     b = RuleBuilder()
@@ -159,21 +157,34 @@ def concatenate(op) -> OpRule:
     fs = [b.factor(s, WINDOW if i == d else PASS) for i, s in enumerate(out)]
     for _ in op.inputs:
         b.operand(fs)
-    return b.result(fs).build(OTHER, handler="concatenate")
+    return b.result(fs).build(OTHER)
 
 
-@register("dynamic_slice")
+def small_slice(m: int, n: int) -> bool:
+    """Is a dynamic slice of m of n rows small enough that the devices holding the rows
+    contribute them (a "pick" reduction), rather than the dim being gathered whole?"""
+    return 2 * m < n
+
+
+@register("dynamic_slice", handler="dynamic_slice")
 def dynamic_slice(op) -> OpRule:
     src, out = op.inputs[0].shape, op.outputs[0].shape
     b = RuleBuilder()
-    fs = [b.factor(s, PASS if src[i] == s else WINDOW) for i, s in enumerate(out)]
-    b.operand(fs)
+    in_f, out_f = [], []
+    for n, m in zip(src, out):
+        if n == m:
+            f = b.factor(n)
+            in_f.append(f), out_f.append(f)
+            continue
+        in_f.append(b.factor(n, REDUCTION, "pick") if small_slice(m, n) else b.factor(n, NEED_REPLICATION))
+        out_f.append(b.factor(m, NEED_REPLICATION))
+    b.operand(in_f)
     for _ in op.inputs[1:]:
         b.operand([])
-    return b.result(fs).build(OTHER, handler="dynamic_slice")
+    return b.result(out_f).build(OTHER)
 
 
-@register("dynamic_update_slice")
+@register("dynamic_update_slice", handler="dynamic_update_slice")
 def dynamic_update_slice(op) -> OpRule:
     src, upd = op.inputs[0].shape, op.inputs[1].shape
     b = RuleBuilder()
@@ -182,8 +193,4 @@ def dynamic_update_slice(op) -> OpRule:
     b.operand([fs[i] if upd[i] == src[i] else None for i in range(len(src))])
     for _ in op.inputs[2:]:
         b.operand([])
-    return b.result(fs).build(OTHER, handler="dynamic_update_slice")
-
-
-def prod(xs) -> int:
-    return int(math.prod(xs))
+    return b.result(fs).build(OTHER)

@@ -8,7 +8,7 @@ from .registry import register
 from .rule import OTHER, PASS, WINDOW, OpRule, RuleBuilder
 
 
-@register("split")
+@register("split", handler="split")
 def split(op) -> OpRule:
     axis = op.params["axis"]
     src = op.inputs[0].shape
@@ -17,4 +17,4 @@ def split(op) -> OpRule:
     b.operand(fs)
     for _ in op.outputs:
         b.result(fs)
-    return b.build(OTHER, handler="split")
+    return b.build(OTHER)

@@ -1,1 +1,9 @@
-"""Partitioner: rewrites a sharded program into one per-device SPMD program."""
+"""Partitioner: executes the recorded sharding projections as one per-device SPMD program.
+
+Importing it registers one handler per rule handler name and checks that none is missing.
+"""
+from . import (control_handler, conv_handler, dot_handler, fallback, generic, reduce_handler,  # noqa: F401
+               windowed_handler)
+from .registry import check_complete
+
+check_complete()

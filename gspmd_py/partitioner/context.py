@@ -1,12 +1,14 @@
 """What every handler uses while the SPMD program is built: device positions, masks of
-padding, and the recorded collectives.
+padding, and the collectives.
 
 All device-dependent quantities come from ``lax.axis_index`` inside the one SPMD program,
-so the program is the same whatever the number of devices.
+so the program is the same whatever the number of devices. Collectives are only emitted
+here; what the program communicates is read back from the program itself (records.py),
+so re-tracing can never duplicate or lose a record.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import attrs
 import jax.numpy as jnp
@@ -14,24 +16,36 @@ import numpy as np
 from jax import lax
 
 from .fine_mesh import FineMesh
-from .pvalue import FineDims, PValue, ceil_div, local_shape, shards
+from .pvalue import FineDims, Partial, PValue, ceil_div, local_shape, shards
 
 
 @attrs.frozen
 class Collective:
-    """One collective of the SPMD program.
+    """One collective of the SPMD program, in program order.
 
     ``bytes_per_device``: size of the buffer each device sends into the collective
     (all-gather: its shard; reduce-scatter, all-reduce, all-to-all, permute: its buffer).
+    ``op``: the label of the op that caused it ("dot_general #12 (model.py:40)", or
+    "boundary"); ``op_id`` its IR op id (-1 at the boundary). ``reduce``: the reduction of an
+    all-reduce / reduce-scatter. ``tensors``: how many tensors a combined collective carries.
+    ``group_size``: devices in each group. ``shape``/``dtype``: the local buffer sent.
     """
 
     kind: str
     axes: tuple[str, ...]
     bytes_per_device: int
     op: str
+    op_id: int = attrs.field(default=-1, eq=False)
+    dtype: str = attrs.field(default="", eq=False)
+    shape: tuple[int, ...] = attrs.field(default=(), eq=False)
+    reduce: str = attrs.field(default="", eq=False)
+    tensors: int = attrs.field(default=1, eq=False)
+    group_size: int = attrs.field(default=1, eq=False)
+    in_loop: bool = attrs.field(default=False, eq=False)
 
     def __str__(self) -> str:
-        return f"{self.kind}({','.join(self.axes)}) {self.bytes_per_device}B  <- {self.op}"
+        extra = f" x{self.tensors}" if self.tensors > 1 else ""
+        return f"{self.kind}({','.join(self.axes)}) {self.bytes_per_device}B{extra}  <- {self.op}"
 
 
 @attrs.define
@@ -44,18 +58,21 @@ class Ctx:
     def __init__(self, fine: FineMesh):
         self.fine = fine
         self.sizes = fine.size_of
-        self.collectives: list[Collective] = []
         self.fallbacks: list[Fallback] = []
         self.notes: list[str] = []
         self.current_op = "boundary"
         self._next_key = 0
         self.reshard_cache: dict[tuple, PValue] = {}
         self.want: dict[int, FineDims] = {}  # value id -> the fine sharding propagation chose
+        self.rules: dict = {}  # op id -> OpRule
+        self.plans: dict = {}  # op id -> OpPlan (the op's projection in fine axes)
+        self.seen_operands: dict[int, tuple[FineDims, ...]] = {}  # op id -> operand shardings the handler got
+        self.incoming: list[PValue] = []  # the current op's operands before they were resharded
 
     # -- values ------------------------------------------------------------------
-    def pv(self, x, shape, dims: FineDims, partial: Sequence[str] = ()) -> PValue:
+    def pv(self, x, shape, dims: FineDims, partial: Optional[Partial] = None, dtype=None) -> PValue:
         self._next_key += 1
-        return PValue(x, tuple(shape), tuple(tuple(d) for d in dims), tuple(sorted(partial)), self._next_key)
+        return PValue(x, tuple(shape), tuple(tuple(d) for d in dims), partial, dtype, self._next_key)
 
     def local_shape(self, shape, dims) -> tuple[int, ...]:
         return local_shape(shape, dims, self.sizes)
@@ -98,31 +115,21 @@ class Ctx:
             x = jnp.where(v.reshape(shape), x, jnp.asarray(fill, dtype=x.dtype))
         return x
 
-    # -- recording -------------------------------------------------------------------
-    def record(self, kind: str, axes: Sequence[str], buf) -> None:
-        nbytes = int(np.prod(buf.shape, dtype=np.int64)) * np.dtype(buf.dtype).itemsize
-        label = tuple(str(r) for r in self.fine.coarse(axes))
-        self.collectives.append(Collective(kind, label, nbytes, self.current_op))
-
     def fallback(self, reason: str) -> None:
         self.fallbacks.append(Fallback(self.current_op, reason))
 
-    # -- collectives (each records itself) ---------------------------------------------
+    # -- collectives -----------------------------------------------------------------
     def all_gather(self, x, axes: Sequence[str], dim: int):
-        self.record("all-gather", axes, x)
         return lax.all_gather(x, tuple(axes), axis=dim, tiled=True)
 
     def all_reduce(self, x, axes: Sequence[str], kind: str = "sum"):
-        self.record("all-reduce", axes, x)
         fn = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[kind]
         return fn(x, tuple(axes))
 
     def reduce_scatter(self, x, axes: Sequence[str], dim: int):
-        self.record("reduce-scatter", axes, x)
         return lax.psum_scatter(x, tuple(axes), scatter_dimension=dim, tiled=True)
 
     def all_to_all(self, x, axes: Sequence[str], split: int, concat: int):
-        self.record("all-to-all", axes, x)
         return lax.all_to_all(x, tuple(axes), split, concat, tiled=True)
 
     def permute(self, x, axes: Sequence[str], perm: Sequence[tuple[int, int]]):
@@ -132,7 +139,6 @@ class Ctx:
         jax's ppermute linearises several axes in *mesh* order whatever order they are
         named in (unlike axis_index and all_gather), so indices are converted to it.
         """
-        self.record("collective-permute", axes, x)
         axes = tuple(axes)
         mesh_order = tuple(a for a in self.fine.names if a in axes)
         pairs = [(int(a), int(b)) for a, b in perm]
@@ -140,7 +146,6 @@ class Ctx:
             given = [self.sizes[a] for a in axes]
             to_mesh = np.arange(int(np.prod(given, dtype=np.int64))).reshape(given)
             to_mesh = to_mesh.transpose([axes.index(a) for a in mesh_order])  # mesh-ordered view
-            # to_mesh[mesh coords] = given-order index; invert it
             inv = np.empty(to_mesh.size, np.int64)
             inv[to_mesh.reshape(-1)] = np.arange(to_mesh.size)
             pairs = [(int(inv[a]), int(inv[b])) for a, b in pairs]

@@ -1,202 +1,178 @@
 """Convolutions with sharded spatial dims: halo exchange instead of gathering the image.
 
+The rule (ops/conv.py) fixes each spatial dim's form; the projection fixes its axes.
 Per spatial dim, one of three local forms (dims are independent, so an H-and-W sharded
 conv exchanges halos along H, then along W on the H-extended block, which carries the
 corners):
 
-* whole: the dim is unsharded; the local conv keeps the op's padding.
-* output-sharded (the forward conv, and the input-gradient conv): the output dim is
-  sharded canonically over the axes A of the input dim; device i computes outputs
-  [i*c_out, (i+1)*c_out), which read the input positions [w_i, w_i+T). The device fetches
-  those rows (own rows + left/right halos by collective-permute, per-shard offsets from
-  plan-time tables), rows outside the image read as the conv's zero padding, and the
+* whole ("W"): the dim is unsharded; the local conv keeps the op's padding.
+* output-sharded ("A", the forward form's window factor sharded): device i computes
+  outputs [i*c_out, (i+1)*c_out), which read the input positions [w_i, w_i+T). The device
+  fetches those rows (own rows + left/right halos by collective-permute, per-shard offsets
+  from plan-time tables), rows outside the image read as the conv's zero padding, and the
   local conv runs with padding (0, 0) (or a static local padding for lhs dilation):
 
       conv 7x7 stride 2 pad 3, H=224 over 2: device 0 needs rows [-3, 114) -> 2-row right
       halo; device 1 needs [109, 224) -> 3-row left halo.
 
-* kernel-sharded (the weight-gradient conv: the "kernel" is the output cotangent, its
-  spatial dim sharded like the activations, the output is the small kernel): device i
-  holds kernel rows [i*c_r, (i+1)*c_r); it fetches the input rows those kernel rows
-  meet and produces a partial sum of the whole output (partial over A).
+* kernel-sharded ("B", the kernel form's reduction factor sharded: the weight-gradient
+  conv, whose "kernel" is the output cotangent with its spatial dim sharded like the
+  activations): device i holds kernel rows [i*c_r, (i+1)*c_r); it fetches the input rows
+  those kernel rows meet and produces a partial sum of the whole (small) output.
 
-Batch and output-feature dims pass through; input-feature sharding gives partial sums
-(the rule's reduction factor); depthwise convs shard their group factor (local
-feature_group_count). A kernel whose spatial dims are sharded in the forward form (a
-large kernel and a larger output) is gathered whole (noted).
+Batch and output-feature dims pass through; input-feature sharding gives partial sums;
+depthwise and grouped convs shard their group factor (local feature_group_count).
 """
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
-from ..ops.rule import PASS, REDUCTION, WINDOW
+from .. import dtypes
+from ..ops.rule import REDUCTION, WINDOW
 from .context import Ctx
-from .factors import choose, targets
 from .halo import window_geometry, window_segment
-from .pvalue import ceil_div
+from .pvalue import Partial, ceil_div
 from .registry import handler
-from .reshard import reshard
 
 
-@handler("conv")
-def partition_conv(ctx: Ctx, op, rule, args, want):
-    p = op.params
-    dn = p["dimension_numbers"]
-    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    lhs_v, rhs_v, out_v = op.inputs[0], op.inputs[1], op.outputs[0]
-    fgc, bgc = p["feature_group_count"], p["batch_group_count"]
-    nsp = len(lhs_spec) - 2
-    strides = tuple(p["window_strides"])
-    pads = [tuple(int(v) for v in pp) for pp in p["padding"]]
-    ld = tuple(p["lhs_dilation"] or (1,) * nsp)
-    rd = tuple(p["rhs_dilation"] or (1,) * nsp)
-    lhs, rhs = args
+@attrs.frozen
+class ConvGeometry:
+    lhs_spec: tuple
+    rhs_spec: tuple
+    out_spec: tuple
+    strides: tuple
+    pads: tuple
+    ld: tuple
+    rd: tuple
+    lhs: tuple
+    rhs: tuple
+    out: tuple
 
-    reduction = [f for f, fac in enumerate(rule.factors) if fac.kind == REDUCTION]
-    fa = choose(ctx.sizes, rule, args, want, kinds=(PASS, REDUCTION, WINDOW), operand_first=reduction)
+    @classmethod
+    def of(cls, op) -> "ConvGeometry":
+        p = op.params
+        dn = p["dimension_numbers"]
+        nsp = len(dn.lhs_spec) - 2
+        return cls(tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec), tuple(p["window_strides"]),
+                   tuple(tuple(int(v) for v in pp) for pp in p["padding"]), tuple(p["lhs_dilation"] or (1,) * nsp),
+                   tuple(p["rhs_dilation"] or (1,) * nsp), op.inputs[0].shape, op.inputs[1].shape,
+                   op.outputs[0].shape)
 
-    # factors whose sharding the local conv cannot express
-    depthwise = fgc > 1 and lhs_v.shape[lhs_spec[1]] == fgc and rhs_v.shape[rhs_spec[1]] == 1
-    if bgc > 1 or (fgc > 1 and not depthwise):
-        keep = {rule.results[0][out_spec[2 + s]][0] for s in range(nsp) if rule.results[0][out_spec[2 + s]]}
-        dropped = [f for f in list(fa) if f not in keep]
-        for f in dropped:
-            fa.pop(f)
-        if dropped:
-            ctx.notes.append(f"{ctx.current_op}: grouped conv (feature_group_count={fgc}, batch_group_count={bgc}) "
-                             f"keeps its batch/feature dims whole")
-    if depthwise:
-        gf = rule.operands[0][lhs_spec[1]]
-        g = gf[0] if gf else None
-        m = rhs_v.shape[rhs_spec[0]] // fgc
-        if g is not None and g in fa and m > 1 and fgc % ctx.k(fa[g]):
-            fa.pop(g)  # (g, m) out features: an uneven g would not be a canonical tiling of g*m
+    @property
+    def nsp(self) -> int:
+        return len(self.lhs_spec) - 2
 
-    used = {a for f, axes in fa.items() for a in axes}
-    # batch-grouped convs (the weight gradient of a grouped/depthwise conv) still contract the
-    # input features with the kernel's input features: sharded alike, they give partial sums
-    # (the rule keeps them whole; here they stay where they are instead of being gathered)
-    bg_axes: tuple[str, ...] = ()
-    if bgc > 1 and fgc == 1:
-        a_f = tuple(lhs.dims[lhs_spec[1]])
-        if a_f and tuple(rhs.dims[rhs_spec[1]]) == a_f and not set(a_f) & used:
-            bg_axes = a_f
-            used |= set(a_f)
+    def dims(self, s: int) -> tuple[int, int, int]:
+        """(lhs dim, kernel dim, output dim) of spatial dim s."""
+        return self.lhs_spec[2 + s], self.rhs_spec[2 + s], self.out_spec[2 + s]
 
-    # spatial dims: choose output-sharded / kernel-sharded / whole
-    modes = []  # per spatial dim: ("A", axes) | ("B", axes) | ("W", ())
-    for s in range(nsp):
-        li, ri, oi = lhs_spec[2 + s], rhs_spec[2 + s], out_spec[2 + s]
-        sf = rule.operands[0][li][0] if rule.operands[0][li] else None
-        a_axes = fa.get(sf, ()) if sf is not None else ()
-        r_axes = tuple(rhs.dims[ri])
-        n_out, wr = out_v.shape[oi], rhs_v.shape[ri]
-        if r_axes and n_out < wr and not (set(r_axes) & (used - set(a_axes))):
-            if sf is not None and sf in fa:
-                used -= set(fa.pop(sf))
-            used |= set(r_axes)
-            modes.append(("B", r_axes))
-        elif a_axes:
-            modes.append(("A", a_axes))
-        elif min(pads[s]) < 0:
-            # XLA:CPU miscomputes some convs with negative padding: crop by a local slice instead
-            modes.append(("A", ()))
+
+def _modes(rule, plan, g: ConvGeometry) -> list[tuple[str, tuple[str, ...]]]:
+    modes = []
+    for s in range(g.nsp):
+        li, _, _ = g.dims(s)
+        f = rule.operands[0][li][0] if rule.operands[0][li] else None
+        kind = rule.factors[f].kind if f is not None else None
+        axes = plan.axes(f) if f is not None else ()
+        if kind == REDUCTION and axes:
+            modes.append(("B", axes))
+        elif kind == WINDOW and axes:
+            modes.append(("A", axes))
+        elif kind == WINDOW and min(g.pads[s]) < 0:
+            modes.append(("A", ()))  # XLA:CPU miscomputes some convs with negative padding: crop locally
         else:
             modes.append(("W", ()))
-        if r_axes and modes[-1][0] != "B":
-            ctx.notes.append(f"{ctx.current_op}: kernel spatial dim {ri} (size {wr}) sharded over "
-                             f"{ctx.fine.label(r_axes)}: gathered whole (large-kernel case)")
+    return modes
 
-    tin = [list(t) for t in targets(ctx.sizes, rule, fa, rule.operands)]
-    tout = list(targets(ctx.sizes, rule, fa, rule.results)[0])
-    for s, (mode, axes) in enumerate(modes):
-        li, ri, oi = lhs_spec[2 + s], rhs_spec[2 + s], out_spec[2 + s]
-        if mode == "A":
-            tin[0][li] = axes if lhs.dims[li] else ()
-            tout[oi] = axes
-        elif mode == "B":
-            tin[0][li] = axes if lhs.dims[li] else ()
-            tin[1][ri] = axes
-            tout[oi] = ()
-        else:
-            tin[0][li] = ()
-            tout[oi] = ()
-        tin[1][ri] = tin[1][ri] if mode == "B" else ()
-    if bg_axes:
-        tin[0][lhs_spec[1]] = bg_axes
-        tin[1][rhs_spec[1]] = bg_axes
-    lhs_r = reshard(ctx, lhs, tuple(tin[0]))
-    rhs_r = reshard(ctx, rhs, tuple(tin[1]))
 
-    # padding rows of contracted dims read as zero
-    red_axes: list[str] = []
-    for f in reduction:
-        if f in fa:
-            red_axes.extend(fa[f])
-    x = lhs_r.x
-    kx = rhs_r.x
-    red_axes.extend(bg_axes)
-    if red_axes:
-        x = ctx.mask(lhs_r, [lhs_spec[1]], 0)
-        kx = ctx.mask(rhs_r, [rhs_spec[1]], 0)
-    # kernel-sharded dims: padding kernel rows are zero
-    kb = [rhs_spec[2 + s] for s, (mode, _) in enumerate(modes) if mode == "B"]
-    if kb:
-        kx = ctx.mask(ctx.pv(kx, rhs_r.shape, rhs_r.dims), kb, 0)
-
-    # XLA's conv operand swapper (taken when the kernel outgrows the input, as it may on a small
-    # local block) miscompiles convs with lhs dilation: then dilate explicitly, here.
+def _needs_explicit_dilation(ctx: Ctx, g: ConvGeometry, modes) -> bool:
+    """XLA's conv operand swapper (taken when the kernel outgrows the input, as it may on a
+    small local block) miscompiles convs with lhs dilation: then dilate explicitly."""
+    if not any(v > 1 for v in g.ld):
+        return False
     explicit = False
-    if any(v > 1 for v in ld):
-        for s, (mode, axes) in enumerate(modes):
-            li, ri, oi = lhs_spec[2 + s], rhs_spec[2 + s], out_spec[2 + s]
-            k = ctx.k(axes) if axes else 1
-            wr = rhs_v.shape[ri] if mode != "B" else ceil_div(rhs_v.shape[ri], k)
-            if mode == "W":
-                rows = lhs_v.shape[li]
-            elif mode == "A":
-                c_out = ceil_div(out_v.shape[oi], k)
-                rows = ((c_out - 1) * strides[s] + (wr - 1) * rd[s]) // ld[s] + 1
-            else:
-                rows = ((out_v.shape[oi] - 1) * strides[s] + (wr - 1) * rd[s]) // ld[s] + 1
-            explicit |= wr >= rows
-        if explicit:
-            modes = [("A", ()) if (mode == "W" and ld[s] > 1) else (mode, axes) for s, (mode, axes) in enumerate(modes)]
+    for s, (mode, axes) in enumerate(modes):
+        li, ri, oi = g.dims(s)
+        k = ctx.k(axes) if axes else 1
+        wr = g.rhs[ri] if mode != "B" else ceil_div(g.rhs[ri], k)
+        if mode == "W":
+            rows = g.lhs[li]
+        elif mode == "A":
+            c_out = ceil_div(g.out[oi], k)
+            rows = ((c_out - 1) * g.strides[s] + (wr - 1) * g.rd[s]) // g.ld[s] + 1
+        else:
+            rows = ((g.out[oi] - 1) * g.strides[s] + (wr - 1) * g.rd[s]) // g.ld[s] + 1
+        explicit |= wr >= rows
+    return explicit
 
-    new_pad, new_ld = list(pads), list(ld)
+
+def _kernel_rows(g: ConvGeometry, s: int, k: int):
+    """Kernel-sharded dim s over k shards: (w, T, need_lo, need_hi) of the input rows each
+    device's kernel rows meet."""
+    li, ri, oi = g.dims(s)
+    wr, n_out = g.rhs[ri], g.out[oi]
+    c_r = ceil_div(wr, k)
+    i = np.arange(k, dtype=np.int64)
+    w = i * c_r * g.rd[s] - g.pads[s][0]
+    T = (n_out - 1) * g.strides[s] + (c_r - 1) * g.rd[s] + 1
+    j_hi = np.minimum(wr, (i + 1) * c_r) - 1
+    q_lo, q_hi = w, (n_out - 1) * g.strides[s] + j_hi * g.rd[s] - g.pads[s][0]
+    need_lo = -((-q_lo) // g.ld[s])
+    need_hi = q_hi // g.ld[s] + 1
+    need_hi = np.where(i * c_r < wr, need_hi, need_lo)
+    return w, T, need_lo, need_hi
+
+
+def _segments(ctx: Ctx, g: ConvGeometry, modes, x, lhs_dims, explicit: bool):
+    """The local input block each device convolves, with the local padding and dilation."""
+    new_pad, new_ld = list(g.pads), list(g.ld)
     for s, (mode, axes) in enumerate(modes):
         if mode == "W":
             continue
-        li, ri, oi = lhs_spec[2 + s], rhs_spec[2 + s], out_spec[2 + s]
-        n_in, n_out, wr = lhs_v.shape[li], out_v.shape[oi], rhs_v.shape[ri]
+        li, ri, oi = g.dims(s)
         k = ctx.k(axes) if axes else 1
         if mode == "A":
-            w, T, need_lo, need_hi = window_geometry(n_in, n_out, k, wr, strides[s], rd[s], pads[s][0], pads[s][1],
-                                                     ld[s])
+            w, T, need_lo, need_hi = window_geometry(g.lhs[li], g.out[oi], k, g.rhs[ri], g.strides[s], g.rd[s],
+                                                     g.pads[s][0], g.pads[s][1], g.ld[s])
         else:
-            c_r = ceil_div(wr, k)
-            i = np.arange(k, dtype=np.int64)
-            w = i * c_r * rd[s] - pads[s][0]
-            T = (n_out - 1) * strides[s] + (c_r - 1) * rd[s] + 1
-            # input rows met by the device's real kernel rows
-            j_hi = np.minimum(wr, (i + 1) * c_r) - 1
-            q_lo, q_hi = w, (n_out - 1) * strides[s] + j_hi * rd[s] - pads[s][0]
-            need_lo = -((-q_lo) // ld[s])
-            need_hi = q_hi // ld[s] + 1
-            need_hi = np.where(i * c_r < wr, need_hi, need_lo)
-        seg = window_segment(ctx, x, li, n_in, tin[0][li], axes, w, T, ld[s], 0, need_lo, need_hi,
+            w, T, need_lo, need_hi = _kernel_rows(g, s, k)
+        seg = window_segment(ctx, x, li, g.lhs[li], lhs_dims[li], axes, w, T, g.ld[s], 0, need_lo, need_hi,
                              what=f"conv spatial dim {li}", explicit=explicit)
         x = seg.x
         new_pad[s] = (seg.lo, seg.hi)
         new_ld[s] = seg.ld
+    return x, tuple(new_pad), tuple(new_ld)
 
-    params = dict(p)
-    params["padding"] = tuple(new_pad)
-    params["lhs_dilation"] = tuple(new_ld)
-    if depthwise:
-        params["feature_group_count"] = x.shape[lhs_spec[1]]
+
+@handler("conv")
+def partition_conv(ctx: Ctx, op, rule, plan, args):
+    g = ConvGeometry.of(op)
+    lhs, rhs = args
+    modes = _modes(rule, plan, g)
+    red = plan.reduction_axes(rule)
+    x, kx = lhs.x, rhs.x
+    if red:  # padding rows of contracted dims (features, sharded kernel rows) read as zero
+        x = ctx.mask(lhs, [g.lhs_spec[1]], 0)
+        kx = ctx.mask(rhs, [g.rhs_spec[1]] + [g.dims(s)[1] for s, (m, _) in enumerate(modes) if m == "B"], 0)
+    explicit = _needs_explicit_dilation(ctx, g, modes)
+    if explicit:
+        modes = [("A", ()) if (m == "W" and g.ld[s] > 1) else (m, a) for s, (m, a) in enumerate(modes)]
+    x, pads, lds = _segments(ctx, g, modes, x, lhs.dims, explicit)
+    params = dict(op.params)
+    params["padding"] = pads
+    params["lhs_dilation"] = lds
+    fgc = op.params["feature_group_count"]
+    if fgc > 1 and g.lhs[g.lhs_spec[1]] == fgc:  # depthwise: one feature per group (maybe uneven)
+        params["feature_group_count"] = x.shape[g.lhs_spec[1]]
+    elif fgc > 1:
+        gf = rule.operands[0][g.lhs_spec[1]][0]
+        params["feature_group_count"] = fgc // ctx.k(plan.axes(gf))
+    out = op.outputs[0]
+    acc = dtypes.accumulation_dtype("sum", out.dtype)
+    if red and acc != np.dtype(out.dtype):
+        params["preferred_element_type"] = acc
     y = op.primitive.bind(x, kx, **params)
-    partial = tuple(red_axes) + tuple(a for mode, axes in modes if mode == "B" for a in axes)
-    expect = ctx.local_shape(out_v.shape, tuple(tout))
-    assert tuple(y.shape) == tuple(expect), (y.shape, expect, modes, tout)
-    return [ctx.pv(y, out_v.shape, tuple(tout), partial)]
+    expect = ctx.local_shape(out.shape, plan.results[0])
+    assert tuple(y.shape) == tuple(expect), (y.shape, expect, modes, plan.results[0])
+    return [ctx.pv(y, out.shape, plan.results[0], Partial(red, "sum") if red else None, out.dtype)]

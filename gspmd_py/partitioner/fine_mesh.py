@@ -1,21 +1,22 @@
 """The execution mesh: every mesh axis split at the sub-axis boundaries the plan uses.
 
 Collectives in shard_map name whole JAX mesh axes, so a plan that shards on ``y:(1)2``
-and ``y:(2)2`` (y of size 4) runs on a JAX mesh where "y" is two axes ``y_0`` (major,
-size 2) and ``y_1`` (minor, size 2); ``y`` itself becomes the tuple ``("y_0", "y_1")``.
+and ``y:(2)2`` (y of size 4) runs on a JAX mesh where "y" is two axes ``y:0`` (major,
+size 2) and ``y:1`` (minor, size 2); ``y`` itself becomes the tuple ``("y:0", "y:1")``.
 The device order is unchanged: splitting an axis row-major keeps every device where it was.
+A user's axis name cannot contain ':' (Mesh refuses it), so the fine names never collide
+with the user's.
 
     >>> fm = FineMesh.build(Mesh((2, 4), ("x", "y")), [AxisRef("y", 1, 2)])
     >>> fm.names, fm.sizes
-    (('x', 'y_0', 'y_1'), (2, 2, 2))
+    (('x', 'y:0', 'y:1'), (2, 2, 2))
     >>> fm.fine(AxisRef("y", 1, 4))
-    ('y_0', 'y_1')
+    ('y:0', 'y:1')
 """
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-import numpy as np
 
 from ..errors import SpecError
 from ..mesh import AxisRef, Mesh
@@ -31,7 +32,7 @@ class FineMesh:
             bounds = splits[a]
             parts = []
             for i in range(len(bounds) - 1):
-                nm = a if len(bounds) == 2 else f"{a}_{i}"
+                nm = a if len(bounds) == 2 else f"{a}:{i}"
                 parts.append((nm, bounds[i], bounds[i + 1]))
                 names.append(nm)
                 sizes.append(bounds[i + 1] // bounds[i])
@@ -74,13 +75,6 @@ class FineMesh:
 
     def label(self, names: Sequence[str]) -> str:
         return ",".join(str(r) for r in self.coarse(names))
-
-    def group_size(self, names: Sequence[str]) -> int:
-        return int(np.prod([self.size_of[n] for n in names], dtype=np.int64))
-
-    def coords(self) -> np.ndarray:
-        """[devices, fine axes] coordinates in mesh (row-major) order."""
-        return np.indices(self.sizes).reshape(len(self.sizes), -1).T
 
     def jax_mesh(self):
         import jax

@@ -1,38 +1,113 @@
-"""The driver: walk the IR once and emit ONE per-device program.
+"""The driver: walk the IR once and emit ONE per-device program from the recorded projections.
 
-``build_body(graph, fine, shardings)`` returns the function that ``jax.shard_map`` runs
-on every device (all mesh axes manual). Each op goes to the handler its rule names;
-results are resharded to the sharding propagation chose for them (partial sums may stay
-partial until a consumer needs the reduced value). At the boundary, uneven inputs
-arrive padded to whole shards and uneven outputs leave with the axes of their
-non-dividing dims dropped (the nearest sharding a jax.Array can hold).
+For every op, propagation recorded a projection (propagation/projection.py): per factor
+the mesh axes, hence each operand's and result's sharding. The driver
+
+1. reshards each operand to its projected sharding (an operand held whole on a windowed
+   dim stays whole: the handler slices its window locally), keeping a partial operand
+   partial where ``partial.carry_modes`` allows;
+2. runs the handler the rule names, which computes locally (plus halo exchanges) and
+   returns results in the projected sharding, partial over sharded reduction factors;
+3. reshards each result to the sharding propagation chose for the value (a partial may
+   stay partial until a consumer needs the reduced value).
+
+Each op's emission runs under ``jax.named_scope("op<id>")``, so every equation of the
+program, collectives included, names the op that caused it (records.py reads that).
+At the boundary, uneven inputs arrive padded to whole shards and uneven outputs leave with
+the axes of their non-dividing dims dropped (the nearest sharding a jax.Array can hold).
 """
 from __future__ import annotations
 
 import warnings
 from typing import Callable, Sequence
 
+import attrs
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ..errors import PartitionWarning
 from ..ir import Graph, Op
-from ..ops import rule_for
-from . import (control_handler, conv_handler, dot_handler, fallback, generic, reduce_handler,  # noqa: F401
-               windowed_handler)  # (register handlers)
+from ..ops.rule import NEED_REPLICATION, OpRule
+from ..propagation.projection import Projection
+from . import registry
 from .context import Ctx
-from .pvalue import FineDims, PValue
-from .registry import HANDLERS
+from .fine_mesh import FineMesh
+from .partial import KEEP, TO_PARTIAL, accumulate, carry_modes, join
+from .pvalue import FineDims, Partial, PValue
 from .reshard import reshard
+
+
+@attrs.frozen
+class OpPlan:
+    """An op's projection in fine mesh axes (what the handler executes)."""
+
+    factors: dict  # factor id -> fine axes
+    operands: tuple[FineDims, ...]
+    results: tuple[FineDims, ...]
+
+    def axes(self, f: int) -> tuple[str, ...]:
+        return self.factors.get(f, ())
+
+    def reduction_axes(self, rule: OpRule) -> tuple[str, ...]:
+        return tuple(a for f in rule.of_kind("reduction") for a in self.axes(f))
+
+
+def fine_plan(fine: FineMesh, proj: Projection) -> OpPlan:
+    return OpPlan({f: tuple(n for r in axes for n in fine.fine(r)) for f, axes in proj.factors.items()},
+                  tuple(fine.fine_dims(d) for d in proj.operand_dims),
+                  tuple(fine.fine_dims(d) for d in proj.result_dims))
 
 
 def op_label(op: Op) -> str:
     return f"{op.prim} #{op.id}" + (f" ({op.source})" if op.source else "")
 
 
+def op_scope(op: Op) -> str:
+    return f"op{op.id}"
+
+
 def boundary_out_dims(ctx: Ctx, shape, dims: FineDims) -> FineDims:
     """Drop the axes of dims whose size they do not divide (jax.Arrays must divide evenly)."""
     return tuple(axes if not axes or n % ctx.k(axes) == 0 else () for n, axes in zip(shape, dims))
+
+
+def operand_target(rule: OpRule, i: int, arg: PValue, projected: FineDims) -> FineDims:
+    """The projected sharding of operand i, except that a windowed dim held whole stays whole."""
+    return tuple(() if (not arg.dims[d] and rule.windowed(i, d)) else t for d, t in enumerate(projected))
+
+
+def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PValue]) -> list[PValue]:
+    modes, carried = carry_modes(op, args)
+    xs = []
+    for i, (a, mode) in enumerate(zip(args, modes)):
+        target = operand_target(rule, i, a, plan.operands[i])
+        _note_forced_gathers(ctx, rule, i, a, target)
+        r = reshard(ctx, a, target, keep_partial=(mode == KEEP))
+        if mode == TO_PARTIAL:
+            acc = accumulate(r.dtype, carried.op)
+            r = ctx.pv(join(ctx, r.x, carried, acc), r.shape, r.dims, carried, r.dtype)
+        xs.append(r)
+    ctx.seen_operands[op.id] = tuple(x.dims for x in xs)
+    ctx.incoming = list(args)
+    results = registry.HANDLERS[rule.handler](ctx, op, rule, plan, xs)
+    if carried is None:
+        return results
+    out = []
+    for r in results:
+        own = r.partial_axes
+        p = Partial(tuple(sorted(set(carried.axes) | set(own), key=ctx.fine.names.index)), carried.op)
+        out.append(ctx.pv(r.x, r.shape, r.dims, p, r.dtype))
+    return out
+
+
+def _note_forced_gathers(ctx: Ctx, rule: OpRule, i: int, a: PValue, target: FineDims) -> None:
+    """Say so when the rule makes a sharded operand dim whole (the report shows it)."""
+    for d, (have, fs) in enumerate(zip(a.dims, rule.operands[i])):
+        lost = [x for x in have if x not in target[d]]
+        if lost and fs and all(rule.factors[f].kind == NEED_REPLICATION for f in fs):
+            ctx.notes.append(f"{ctx.current_op}: operand {i} dim {d} (size {a.shape[d]}) needs replication for "
+                             f"this op: sharded over {ctx.fine.label(lost)}, gathered whole")
 
 
 def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
@@ -48,41 +123,40 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
         if pv is None:  # constants: each device takes its shard when a consumer asks
             if v.const is None:
                 raise KeyError(f"value %{v.id} used before definition")
-            pv = ctx.pv(jnp.asarray(v.const), v.shape, ((),) * v.rank)
+            pv = ctx.pv(jnp.asarray(v.const, dtype=v.dtype), v.shape, ((),) * v.rank)
             env[v.id] = pv
         return pv
 
     outer = ctx.current_op
+    final = {v.id for v in graph.outputs}  # a graph's outputs leave reduced, in their op's scope
     for op in graph.ops:
         ctx.current_op = op_label(op)
-        rule = rule_for(op)
-        args = [get(v) for v in op.inputs]
-        w = [want.get(v.id, ((),) * v.rank) for v in op.outputs]
-        results = HANDLERS[rule.handler](ctx, op, rule, args, w)
-        for v, r, wd in zip(op.outputs, results, w):
-            env[v.id] = reshard(ctx, r, wd, keep_partial=True)
+        with jax.named_scope(op_scope(op)):
+            results = partition_op(ctx, op, ctx.rules[op.id], ctx.plans[op.id], [get(v) for v in op.inputs])
+            for v, r in zip(op.outputs, results):
+                env[v.id] = reshard(ctx, r, want.get(v.id, ((),) * v.rank), keep_partial=v.id not in final)
     ctx.current_op = outer
     return [get(v) for v in graph.outputs]
 
 
-def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Sequence[FineDims],
-               want: dict[int, FineDims]) -> Callable:
+def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Sequence[FineDims]) -> Callable:
     """The per-device function: local (padded) inputs -> local outputs."""
-    ctx.want = want
 
     def body(*xs):
         ctx.current_op = "boundary"
-        results = run_graph(ctx, graph, [ctx.pv(x, v.shape, d) for v, x, d in zip(graph.inputs, xs, in_dims)])
+        ins = [ctx.pv(x, v.shape, d, dtype=v.dtype) for v, x, d in zip(graph.inputs, xs, in_dims)]
+        results = run_graph(ctx, graph, ins)
         ctx.current_op = "boundary"
         outs = []
-        for v, pv, d in zip(graph.outputs, results, out_dims):
-            pv = reshard(ctx, pv, boundary_out_dims(ctx, v.shape, d))
-            x = pv.x
-            # cut the padding of dims that leave unsharded
-            for i, (n, axes) in enumerate(zip(v.shape, pv.dims)):
-                if not axes and x.shape[i] != n:
-                    x = lax.slice_in_dim(x, 0, n, axis=i)
-            outs.append(x)
+        with jax.named_scope("boundary"):
+            for v, pv, d in zip(graph.outputs, results, out_dims):
+                pv = reshard(ctx, pv, boundary_out_dims(ctx, v.shape, d))
+                x = pv.x
+                # cut the padding of dims that leave unsharded
+                for i, (n, axes) in enumerate(zip(v.shape, pv.dims)):
+                    if not axes and x.shape[i] != n:
+                        x = lax.slice_in_dim(x, 0, n, axis=i)
+                outs.append(x)
         return tuple(outs)
 
     return body

@@ -2,8 +2,8 @@
 
 Paths, in the order tried (XLA's partitioner and Shardy's reshard_to_collectives):
 
-    partial sums -> tiled on a partial axis    reduce-scatter
-    partial sums -> otherwise                  all-reduce
+    partial -> tiled on a partial axis        reduce-scatter (partial.py: with the partial's op)
+    partial -> otherwise                      all-reduce
     [{x},{y}] -> [{y},{x}]                     collective-permute (same shard counts, same axes)
     [{x},{}]  -> [{},{x}]                      all-to-all (an axis moves from one dim to another)
     [{x,y},{}] -> [{x},{}]                     all-gather within sub-groups (over y)
@@ -20,7 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from .context import Ctx, dyn_slice_dim, pad_dim
-from .pvalue import FineDims, PValue, ceil_div
+from .partial import all_reduce, reduce, reduce_scatter
+from .pvalue import FineDims, Partial, PValue, ceil_div
 
 
 def reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool = False) -> PValue:
@@ -35,10 +36,12 @@ def reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool = False) 
 
 
 def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PValue:
-    x, dims, partial = pv.x, [tuple(d) for d in pv.dims], list(pv.partial)
+    x, dims = pv.x, [tuple(d) for d in pv.dims]
     shape = pv.shape
     target_axes = {a for t in target for a in t}
-    # 1. partial sums
+    p = pv.partial
+    partial = list(p.axes) if p is not None else []
+    # 1. partial results: reduce-scatter onto a dim that wants the axes next, else all-reduce
     if partial and (not keep_partial or target_axes & set(partial)):
         for d in range(len(shape)):
             if not partial:
@@ -57,29 +60,31 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
             ok, x = _fit_split(ctx, x, shape[d], dims[d], run, d)
             if not ok:
                 continue
-            x = ctx.reduce_scatter(x, run, d)
+            rest = [a for a in partial if a not in run]
+            x = reduce_scatter(ctx, x, run, p.op, x.dtype if rest else pv.dtype, d)
             dims[d] = dims[d] + tuple(run)
-            partial = [a for a in partial if a not in run]
+            partial = rest
         if partial and not keep_partial:
-            if list(partial) == list(pv.partial) and tuple(dims) == pv.dims:
+            if list(partial) == list(p.axes) and tuple(dims) == pv.dims:
                 # the whole value is reduced: one all-reduce serves every consumer
                 reduced = _all_reduced(ctx, pv)
                 return reshard(ctx, reduced, target) if reduced.dims != target else reduced
-            x = ctx.all_reduce(x, partial)
+            x = all_reduce(ctx, x, partial, p.op, pv.dtype)
             partial = []
         elif partial and target_axes & set(partial):
             clash = [a for a in partial if a in target_axes]
-            x = ctx.all_reduce(x, clash)
-            partial = [a for a in partial if a not in clash]
-    cur = PValue(x, shape, tuple(dims), tuple(partial))
+            rest = [a for a in partial if a not in clash]
+            x = all_reduce(ctx, x, clash, p.op, x.dtype if rest else pv.dtype)
+            partial = rest
+    left = Partial(tuple(partial), p.op) if partial else None
     if tuple(dims) == target:
-        return ctx.pv(cur.x, shape, target, partial)
+        return ctx.pv(x, shape, target, left, pv.dtype)
     # 2. collective-permute: same shard count per dim over the same set of axes
-    x = _try_permute(ctx, cur, target)
-    if x is not None:
-        return ctx.pv(x, shape, target, partial)
+    moved = _try_permute(ctx, x, dims, target)
+    if moved is not None:
+        return ctx.pv(moved, shape, target, left, pv.dtype)
     # 3. all-to-all moves, 4. gathers, 5. slices
-    x = _all_to_all_moves(ctx, cur.x, shape, dims, target)
+    x = _all_to_all_moves(ctx, x, shape, dims, target)
     # a dim that must lose axes anyway but is wanted by another dim's axes: gather it first
     # (on the smaller, still-sharded buffer), then the move is an all-to-all, e.g.
     # [{x},{y}] -> [{y},{}]: all-gather(x), all-to-all(y) rather than two all-gathers + slice
@@ -105,14 +110,14 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
         if add:
             x = _slice(ctx, x, shape[i], dims[i], add, i)
             dims[i] = target[i]
-    return ctx.pv(x, shape, target, partial)
+    return ctx.pv(x, shape, target, left, pv.dtype)
 
 
 def _all_reduced(ctx: Ctx, pv: PValue) -> PValue:
     key = (pv.key, "all-reduced")
     hit = ctx.reshard_cache.get(key)
     if hit is None:
-        hit = ctx.pv(ctx.all_reduce(pv.x, pv.partial), pv.shape, pv.dims)
+        hit = reduce(ctx, pv)
         ctx.reshard_cache[key] = hit
     return hit
 
@@ -214,12 +219,12 @@ def _slice(ctx: Ctx, x, n: int, have: Sequence[str], add: Sequence[str], d: int)
     return dyn_slice_dim(x2, d, ctx.index(add) * c, c)
 
 
-def _try_permute(ctx: Ctx, pv: PValue, target: FineDims):
-    src_axes = [a for d in pv.dims for a in d]
+def _try_permute(ctx: Ctx, x, dims, target: FineDims):
+    src_axes = [a for d in dims for a in d]
     dst_axes = [a for d in target for a in d]
     if set(src_axes) != set(dst_axes) or len(src_axes) != len(dst_axes):
         return None
-    if any(ctx.k(a) != ctx.k(b) for a, b in zip(pv.dims, target)):
+    if any(ctx.k(a) != ctx.k(b) for a, b in zip(dims, target)):
         return None
     involved = tuple(a for a in ctx.fine.names if a in set(src_axes))
     sizes = [ctx.sizes[a] for a in involved]
@@ -233,7 +238,7 @@ def _try_permute(ctx: Ctx, pv: PValue, target: FineDims):
                 idx[:, d] = idx[:, d] * ctx.sizes[a] + coords[:, pos[a]]
         return [tuple(r) for r in idx]
 
-    have, need = shard_ids(pv.dims), shard_ids(target)
+    have, need = shard_ids(dims), shard_ids(target)
     holder = {h: s for s, h in enumerate(have)}
     perm = [(holder[need[d]], d) for d in range(len(coords))]
-    return ctx.permute(pv.x, involved, perm)
+    return ctx.permute(x, involved, perm)

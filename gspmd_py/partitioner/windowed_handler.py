@@ -24,40 +24,26 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..ops.rule import PASS, WINDOW
+from .. import dtypes
+from ..ops.rule import PASS, REDUCTION, WINDOW
 from .context import Ctx
-from .factors import choose
 from .halo import (fetch_or_gather, gather, plan_fetch, row_mask, scatter_add, too_costly,
                    window_geometry, window_segment, device_table, pad_rows)
-from .pvalue import ceil_div
+from .pvalue import Partial, ceil_div
 from .registry import handler
 from .reshard import reshard
 
 
-def _plan_dims(ctx: Ctx, rule, args, want, operand: int = 0):
-    """Per-factor axes, and per dim of operand ``operand``: (factor kind, axes of the result)."""
-    fa = choose(ctx.sizes, rule, args, want, kinds=(PASS, WINDOW))
-    per_dim = []
+def _per_dim(rule, plan, operand: int = 0):
+    """Per dim of operand ``operand``: (factor kind, the factor's axes in the projection)."""
+    out = []
     for fs in rule.operands[operand]:
-        if not fs:
-            per_dim.append((PASS, ()))
-            continue
-        f = fs[0]
-        per_dim.append((rule.factors[f].kind, tuple(fa.get(f, ()))))
-    return fa, per_dim
-
-
-def _operand_target(pv, per_dim):
-    """Pass dims take the chosen axes; window dims keep a whole operand whole (local slicing)."""
-    return tuple(axes if kind == PASS else (axes if pv.dims[d] else ()) for d, (kind, axes) in enumerate(per_dim))
+        out.append((PASS, ()) if not fs else (rule.factors[fs[0]].kind, plan.axes(fs[0])))
+    return out
 
 
 def _is_windowed(kind, axes) -> bool:
     return kind == WINDOW and bool(axes)
-
-
-def _scalar(ctx: Ctx, pv):
-    return reshard(ctx, pv, ()).x
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,28 +51,20 @@ def _scalar(ctx: Ctx, pv):
 # ---------------------------------------------------------------------------------------
 
 def _init_value(prim: str, dtype):
-    dt = np.dtype(dtype)
-    if prim == "reduce_window_sum":
-        return np.zeros((), dt)
-    big = prim == "reduce_window_min"
-    if dt == np.bool_:
-        return np.asarray(big)
-    if np.issubdtype(dt, np.inexact):
-        return np.asarray(np.inf if big else -np.inf, dt)
-    info = np.iinfo(dt)
-    return np.asarray(info.max if big else info.min, dt)
+    kind = {"reduce_window_sum": "sum", "reduce_window_max": "max", "reduce_window_min": "min"}[prim]
+    return dtypes.identity(kind, dtype)
 
 
 @handler("reduce_window")
-def partition_reduce_window(ctx: Ctx, op, rule, args, want):
+def partition_reduce_window(ctx: Ctx, op, rule, plan, args):
     p = op.params
     n_arr = len(op.outputs)
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
+    per_dim = _per_dim(rule, plan)
     if op.prim == "reduce_window":
-        fills = [_scalar(ctx, a) for a in args[n_arr:]]
+        fills = [a.x for a in args[n_arr:]]
     else:
         fills = [_init_value(op.prim, op.inputs[0].dtype)]
-    xs = [reshard(ctx, a, _operand_target(a, per_dim)) for a in args[:n_arr]]
+    xs = args[:n_arr]
     wd, st = p["window_dimensions"], p["window_strides"]
     pads = [tuple(int(v) for v in pp) for pp in p["padding"]]
     bd = list(p.get("base_dilation") or (1,) * len(wd))
@@ -121,12 +99,11 @@ def partition_reduce_window(ctx: Ctx, op, rule, args, want):
 # ---------------------------------------------------------------------------------------
 
 @handler("select_and_scatter_add")
-def partition_select_and_scatter_add(ctx: Ctx, op, rule, args, want):
+def partition_select_and_scatter_add(ctx: Ctx, op, rule, plan, args):
     p = op.params
     source, operand = args
-    fa = choose(ctx.sizes, rule, args, want, kinds=(PASS, WINDOW))
-    tdims = tuple(tuple(fa.get(fs[0], ())) if fs else () for fs in rule.results[0])
-    src = reshard(ctx, source, tdims)
+    tdims = plan.results[0]
+    src = reshard(ctx, source, tdims)  # a window operand held whole is sliced locally (no communication)
     opd = reshard(ctx, operand, tdims)
     wd, st = p["window_dimensions"], p["window_strides"]
     pads = [tuple(int(v) for v in pp) for pp in p["padding"]]
@@ -183,11 +160,11 @@ def partition_select_and_scatter_add(ctx: Ctx, op, rule, args, want):
 # ---------------------------------------------------------------------------------------
 
 @handler("pad")
-def partition_pad(ctx: Ctx, op, rule, args, want):
+def partition_pad(ctx: Ctx, op, rule, plan, args):
     cfg = [tuple(int(v) for v in c) for c in op.params["padding_config"]]
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
-    xv = reshard(ctx, args[0], _operand_target(args[0], per_dim))
-    fill = _scalar(ctx, args[1])
+    per_dim = _per_dim(rule, plan)
+    xv = args[0]
+    fill = args[1].x
     x = xv.x
     local_cfg = list(cfg)
     for d, (kind, axes) in enumerate(per_dim):
@@ -206,12 +183,12 @@ def partition_pad(ctx: Ctx, op, rule, args, want):
 
 
 @handler("slice")
-def partition_slice(ctx: Ctx, op, rule, args, want):
+def partition_slice(ctx: Ctx, op, rule, plan, args):
     p = op.params
     start, limit = p["start_indices"], p["limit_indices"]
     strides = p.get("strides") or (1,) * len(start)
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
-    xv = reshard(ctx, args[0], _operand_target(args[0], per_dim))
+    per_dim = _per_dim(rule, plan)
+    xv = args[0]
     x = xv.x
     lstart, llimit, lstride = [], [], []
     for d, (kind, axes) in enumerate(per_dim):
@@ -232,13 +209,9 @@ def partition_slice(ctx: Ctx, op, rule, args, want):
 
 
 @handler("rev")
-def partition_rev(ctx: Ctx, op, rule, args, want):
+def partition_rev(ctx: Ctx, op, rule, plan, args):
     dims = tuple(op.params["dimensions"])
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
-    # a rev dim held whole stays whole here: reversing a whole dim is local
-    tgt = tuple(axes if (kind == PASS or args[0].dims[d] or d not in dims) else () for d, (kind, axes)
-                in enumerate(per_dim))
-    xv = reshard(ctx, args[0], tgt)
+    xv = args[0]  # a rev dim held whole stays whole: reversing a whole dim is local
     x = lax.rev(xv.x, dims)
     for d in dims:
         axes = tuple(xv.dims[d])
@@ -262,24 +235,22 @@ def partition_rev(ctx: Ctx, op, rule, args, want):
 # ---------------------------------------------------------------------------------------
 
 @handler("concatenate")
-def partition_concatenate(ctx: Ctx, op, rule, args, want):
+def partition_concatenate(ctx: Ctx, op, rule, plan, args):
     dim = op.params["dimension"]
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
+    per_dim = _per_dim(rule, plan)
     axes = per_dim[dim][1]
     n_out = op.outputs[0].shape[dim]
     if not axes:
-        xs = [reshard(ctx, a, tuple(ax for _, ax in per_dim)).x for a in args]
         tout = tuple(ax for _, ax in per_dim)
-        return [ctx.pv(lax.concatenate(xs, dim), op.outputs[0].shape, tout)]
+        return [ctx.pv(lax.concatenate([a.x for a in args], dim), op.outputs[0].shape, tout)]
     k = ctx.k(axes)
     c_out = ceil_div(n_out, k)
     out = None
     off = 0
     idx = ctx.index(axes)
     a_base = np.arange(k, dtype=np.int64) * c_out
-    for a, v in zip(args, op.inputs):
+    for xv, v in zip(args, op.inputs):
         n_j = v.shape[dim]
-        xv = reshard(ctx, a, _operand_target(a, per_dim))
         seg = fetch_or_gather(ctx, xv.x, dim, n_j, xv.dims[dim], axes, a_base - off, c_out, 0,
                               what=f"concatenate operand of size {n_j}")
         if out is None:
@@ -299,79 +270,55 @@ def partition_concatenate(ctx: Ctx, op, rule, args, want):
 def _starts(ctx: Ctx, args, shape, sizes):
     out = []
     for a, n, m in zip(args, shape, sizes):
-        s = _scalar(ctx, a).astype(jnp.int32)
-        out.append(jnp.clip(s, 0, n - m))
+        out.append(jnp.clip(a.x.astype(jnp.int32), 0, n - m))
     return out
 
 
-def _numeric(dtype) -> bool:
-    dt = np.dtype(dtype)
-    return np.issubdtype(dt, np.number)
-
-
 @handler("dynamic_slice")
-def partition_dynamic_slice(ctx: Ctx, op, rule, args, want):
+def partition_dynamic_slice(ctx: Ctx, op, rule, plan, args):
+    """Sliced dims: a small slice of a sharded dim is a "pick" reduction (each device
+    contributes the rows it holds, the identity elsewhere: -0.0 for floats, so every value
+    and its sign survive the sum); otherwise the dim is whole and sliced locally."""
     sizes = tuple(op.params["slice_sizes"])
     shape = op.inputs[0].shape
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
+    per_dim = _per_dim(rule, plan)
     rank = len(shape)
-    # window dims that stay sharded: each device contributes the rows it holds (partial sums)
-    contrib = []
-    tgt = []
+    starts = _starts(ctx, args[1:1 + rank], shape, sizes)
+    xv = args[0]
+    x = xv.x
+    dt = np.dtype(op.inputs[0].dtype)
+    fill = dtypes.additive_identity(dt)
+    contrib: list[str] = []
     for d, (kind, axes) in enumerate(per_dim):
         if kind == PASS:
-            tgt.append(axes)
-            continue
-        cur = tuple(args[0].dims[d])
-        if cur and _numeric(op.inputs[0].dtype) and 2 * sizes[d] < shape[d] and not (
-                set(cur) & {a for t in tgt for a in t}):
-            contrib.append(d)
-            tgt.append(cur)
-        else:
-            tgt.append(())
-    # pass dims must not reuse axes kept by contributing dims
-    used = {a for d in contrib for a in tgt[d]}
-    tgt = [(() if d not in contrib and set(t) & used else t) for d, t in enumerate(tgt)]
-    xv = reshard(ctx, args[0], tuple(tgt))
-    starts = _starts(ctx, args[1:1 + rank], shape, sizes)
-    x = xv.x
-    partial: list[str] = []
-    for d in range(rank):
-        if per_dim[d][0] == PASS:
             continue
         m = sizes[d]
-        if d in contrib:
-            axes = tgt[d]
+        if kind == REDUCTION and axes:
             c = x.shape[d]
             g0 = ctx.index(axes) * jnp.int32(c)
             big = pad_rows(x, d, m, m)
             loc = jnp.clip(starts[d] - g0 + jnp.int32(m), 0, c + m)
             y = lax.dynamic_slice_in_dim(big, loc, m, axis=d)
             hi = jnp.minimum(g0 + jnp.int32(c), jnp.int32(shape[d]))
-            x = jnp.where(row_mask(y.ndim, d, m, g0, hi, starts[d]), y, jnp.zeros((), y.dtype))
-            partial.extend(axes)
+            x = jnp.where(row_mask(y.ndim, d, m, g0, hi, starts[d]), y, jnp.asarray(fill, y.dtype))
+            contrib.extend(axes)
         else:
             x = lax.dynamic_slice_in_dim(x, starts[d], m, axis=d)
-    gathered = [d for d in range(rank) if per_dim[d][0] != PASS and d not in contrib and args[0].dims[d]]
-    if gathered:
-        ctx.notes.append(f"{ctx.current_op}: dynamic_slice of {[sizes[d] for d in gathered]} rows of sharded dims "
-                         f"{gathered} (sizes {[shape[d] for d in gathered]}): operand dim gathered whole")
+    p = Partial(tuple(contrib), "or" if dtypes.is_bool(dt) else "sum") if contrib else None
     if contrib:
-        ctx.notes.append(f"{ctx.current_op}: dynamic_slice of {[sizes[d] for d in contrib]} rows from sharded dims "
-                         f"{contrib}: each device contributes its rows (partial sums), no all-gather")
-    tout = tuple(tgt[d] if (per_dim[d][0] == PASS) else () for d in range(rank))
-    return [ctx.pv(x, op.outputs[0].shape, tout, tuple(partial))]
+        ctx.notes.append(f"{ctx.current_op}: dynamic_slice of a sharded dim: each device contributes the rows it "
+                         f"holds (partial sums over {ctx.fine.label(contrib)}), no all-gather")
+    return [ctx.pv(x, op.outputs[0].shape, plan.results[0], p, dt)]
 
 
 @handler("dynamic_update_slice")
-def partition_dynamic_update_slice(ctx: Ctx, op, rule, args, want):
+def partition_dynamic_update_slice(ctx: Ctx, op, rule, plan, args):
     shape, usize = op.inputs[0].shape, op.inputs[1].shape
     rank = len(shape)
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
-    tgt = tuple(axes for _, axes in per_dim)  # the operand keeps (or takes) the output's sharding
-    xv = reshard(ctx, args[0], tgt)
-    utgt = tuple(tgt[d] if per_dim[d][0] == PASS else () for d in range(rank))
-    uv = reshard(ctx, args[1], utgt)
+    per_dim = _per_dim(rule, plan)
+    tgt = plan.results[0]
+    # the operand has the output's sharding; the (small) update is whole on the window dims
+    xv, uv = reshard(ctx, args[0], tgt), args[1]
     starts = _starts(ctx, args[2:2 + rank], shape, usize)
     x, u = xv.x, uv.x
     mask = None
@@ -392,10 +339,10 @@ def partition_dynamic_update_slice(ctx: Ctx, op, rule, args, want):
 
 
 @handler("split")
-def partition_split(ctx: Ctx, op, rule, args, want):
+def partition_split(ctx: Ctx, op, rule, plan, args):
     axis = op.params["axis"]
-    fa, per_dim = _plan_dims(ctx, rule, args, want)
-    xv = reshard(ctx, args[0], _operand_target(args[0], per_dim))
+    per_dim = _per_dim(rule, plan)
+    xv = args[0]
     axes = per_dim[axis][1]
     n_in = op.inputs[0].shape[axis]
     tout = tuple(ax for _, ax in per_dim)

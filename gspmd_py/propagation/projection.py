@@ -1,0 +1,233 @@
+"""An op's sharding projection: its factor -> mesh axes assignment (Shardy's ShardingProjection).
+
+One function, ``project_op``, turns the shardings of an op's tensors into per-factor axes.
+Propagation calls it on every visit of an op (then writes the factors' axes back onto the
+tensors); at its end it records the projection of every op, and the partitioner executes
+exactly that record: operands are resharded to ``operand_dims``, the local op runs, its
+results come out in ``result_dims`` (partial over the axes of sharded reduction factors).
+
+Worked example (rule "[i,k], [k,j] -> [i,j]", k: reduction) on mesh {x:2, y:4}::
+
+    lhs [{x},{y}], rhs [{y},{}], result [{x},{}]
+    offers: i <- {x} (lhs, result), k <- {y} (lhs, rhs)
+    projection: i: {x}, k: {y}, j: {}   ->   operands [{x},{y}], [{y},{}]; result [{x},{}]
+    partial over {y}
+
+Offers for one factor merge the same way in both modes: a better (lower) user priority
+wins; an offer that extends another (``{x,y}`` extends ``{x}``) wins, since the shorter
+holder gets there by a local slice. Conflicting offers at one priority differ by mode:
+
+* ``decide=False`` (propagation): keep their longest common prefix, as Shardy does, so
+  that no guess spreads through the program;
+* ``decide=True`` (the recorded projection): an op must run in *some* sharding, so the
+  axes held by the most data win (sum of the sizes of the tensors that offer them).
+
+Factors are then served in order and never reuse an axis: by priority, then (propagation)
+the tensors that carry them and their size, or (decide) the data that agrees on their
+axes, so that a contested factor cannot take an axis from an agreed one. Two constraints make every projection executable:
+
+* a factor that shares a dim with other factors gets only axes that divide its size (a
+  local reshape needs whole factors), and a factor whose axes a dim cannot show (a more
+  major factor of that dim is not fully sharded) gets none;
+* ``need_replication`` factors get none. In decide mode a dim that loses its axes that
+  way hands them to an unsharded pass factor of the same tensor that they divide (sort
+  along a sharded dim: the axes move to another dim by one all-to-all, GSPMD paper §3.5).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import attrs
+
+from ..mesh import AxisRef, Mesh
+from ..ops.rule import NEED_REPLICATION, PASS, OpRule
+from . import axes as ax
+
+Axes = tuple[AxisRef, ...]
+FactorAxes = dict[int, Axes]
+INF = float("inf")
+
+
+@attrs.frozen
+class TensorState:
+    """What an op sees of one of its tensors: per dim its axes and their priority."""
+
+    axes: tuple[Axes, ...]
+    prios: tuple[float, ...]
+    size: int  # elements, for tie-breaks
+    value_id: int
+
+
+@attrs.frozen
+class Offer:
+    prio: float
+    tensor: int
+    axes: Axes
+    value_id: int
+    size: int
+
+
+@attrs.frozen
+class Projection:
+    """The recorded outcome for one op: per-factor axes and the tensors' dims under it."""
+
+    factors: FactorAxes  # factor id -> axes (only factors with axes)
+    operand_dims: tuple[tuple[Axes, ...], ...]
+    result_dims: tuple[tuple[Axes, ...], ...]
+
+    def axes_of(self, f: int) -> Axes:
+        return self.factors.get(f, ())
+
+
+def offers(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> dict[int, list[Offer]]:
+    """Each tensor dim offers its axes to its factors (distributed over them, major first)."""
+    out: dict[int, list[Offer]] = {}
+    for t, (st, dims) in enumerate(zip(tensors, rule.tensors)):
+        for d, fs in enumerate(dims):
+            if not fs or not st.axes[d]:
+                continue
+            sizes = [rule.factors[f].size for f in fs]
+            for f, axes in zip(fs, ax.distribute(mesh, st.axes[d], sizes)):
+                if axes and rule.factors[f].kind != NEED_REPLICATION:
+                    out.setdefault(f, []).append(Offer(st.prios[d], t, axes, st.value_id, st.size))
+    return out
+
+
+def merge(mesh: Mesh, cands: list[Offer], decide: bool) -> Optional[tuple[Axes, float, Offer]]:
+    """One factor's axes from its offers (see the module docstring)."""
+    cands = sorted(cands, key=lambda c: (c.prio, c.tensor))
+    best_prio = cands[0].prio
+    top = [c for c in cands if c.prio == best_prio]
+    # an offer extending another wins; keep the maximal ones
+    maximal: list[Offer] = []
+    for c in top:
+        if any(ax.is_prefix(mesh, c.axes, o.axes) and len(ax.atoms(mesh, o.axes)) > len(ax.atoms(mesh, c.axes))
+               for o in top):
+            continue
+        if any(o.axes == c.axes for o in maximal):
+            continue
+        maximal.append(c)
+    if len(maximal) == 1:
+        win = maximal[0]
+        for c in cands[len(top):]:  # a lower priority may still extend the winner
+            if ax.is_prefix(mesh, win.axes, c.axes) and len(ax.atoms(mesh, c.axes)) > len(ax.atoms(mesh, win.axes)):
+                win = attrs.evolve(c, prio=best_prio)
+        return win.axes, best_prio, win
+    if not decide:
+        common = maximal[0].axes
+        for c in maximal[1:]:
+            common = ax.common_prefix(mesh, common, c.axes)
+        return (common, best_prio, maximal[0]) if common else None
+    # decide: the axes held by the most data (an offer counts for every maximal offer it prefixes)
+    def score(m: Offer) -> int:
+        return sum(c.size for c in top if ax.is_prefix(mesh, c.axes, m.axes))
+
+    win = max(maximal, key=lambda m: (score(m), -m.tensor))
+    return win.axes, best_prio, win
+
+
+def project_dim(mesh: Mesh, factor_axes: Sequence[Axes], sizes: Sequence[int]) -> Axes:
+    """A dim's axes from its factors' axes: a minor factor counts only if the ones before are full."""
+    return ax.project(mesh, factor_axes, sizes)
+
+
+def project_op(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], *, decide: bool = False
+               ) -> tuple[FactorAxes, dict[int, tuple[float, int]]]:
+    """Per-factor axes from the tensors' shardings, and per factor (priority, source value id)."""
+    chosen: dict[int, tuple[Axes, float, Offer]] = {}
+    agree: dict[int, int] = {}
+    for f, cands in offers(mesh, rule, tensors).items():
+        m = merge(mesh, cands, decide)
+        if m is not None and m[0]:
+            chosen[f] = m
+            agree[f] = sum(c.size for c in cands if c.prio == m[1] and ax.is_prefix(mesh, c.axes, m[0]))
+
+    def order(f: int):
+        _, prio, src = chosen[f]
+        if decide:  # the factors that the most data agrees on are served first
+            return (prio, -agree[f], -len(rule.factor_dims(f)), f)
+        return (prio, -len(rule.factor_dims(f)), -src.size, f)
+
+    used: list[AxisRef] = []
+    final: FactorAxes = {}
+    source: dict[int, tuple[float, int]] = {}
+    for f in sorted(chosen, key=order):
+        axes, prio, src = chosen[f]
+        axes = ax.truncate_at_overlap(mesh, axes, used)
+        if axes:
+            used.extend(axes)
+            final[f] = axes
+            source[f] = (prio, src.value_id)
+    _make_executable(mesh, rule, final)
+    if decide:
+        _rehome(mesh, rule, tensors, final)
+    source = {f: s for f, s in source.items() if f in final}
+    return final, source
+
+
+def _make_executable(mesh: Mesh, rule: OpRule, fa: FactorAxes) -> None:
+    multi = {f for dims in rule.tensors for fs in dims if len(fs) > 1 for f in fs}
+    for f in multi:
+        if f in fa:
+            fa[f] = _dividing_prefix(mesh, fa[f], rule.factors[f].size)
+            if not fa[f]:
+                del fa[f]
+    changed = True
+    while changed:  # drop factors a dim cannot show (a more major factor is not full)
+        changed = False
+        for dims in rule.tensors:
+            for fs in dims:
+                full = True
+                for f in fs:
+                    if not full and f in fa:
+                        del fa[f]
+                        changed = True
+                    if ax.size(fa.get(f, ())) != rule.factors[f].size:
+                        full = False
+
+
+def _dividing_prefix(mesh: Mesh, axes: Axes, n: int) -> Axes:
+    out: list[AxisRef] = []
+    k = 1
+    for a in ax.atoms(mesh, axes):
+        if n % (k * a.size):
+            break
+        out.append(a)
+        k *= a.size
+    return ax.merge(mesh, out)
+
+
+def _rehome(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], fa: FactorAxes) -> None:
+    """Axes of a need-replication dim move to an unsharded pass factor of the same tensor."""
+    used = [a for axes in fa.values() for a in axes]
+    for st, dims in zip(tensors, rule.tensors):
+        for d, fs in enumerate(dims):
+            if not fs or not st.axes[d] or any(rule.factors[f].kind != NEED_REPLICATION for f in fs):
+                continue
+            moving = ax.truncate_at_overlap(mesh, st.axes[d], used)
+            if not moving:
+                continue
+            k = ax.size(moving)
+            for e, gs in enumerate(dims):
+                if len(gs) != 1 or e == d:
+                    continue
+                g = gs[0]
+                if rule.factors[g].kind != PASS or g in fa or rule.factors[g].size % k:
+                    continue
+                fa[g] = moving
+                used.extend(moving)
+                break
+
+
+def tensor_dims(mesh: Mesh, rule: OpRule, fa: FactorAxes, dims_list) -> tuple[tuple[Axes, ...], ...]:
+    out = []
+    for dims in dims_list:
+        out.append(tuple(project_dim(mesh, [fa.get(f, ()) for f in fs], [rule.factors[f].size for f in fs])
+                         if fs else () for fs in dims))
+    return tuple(out)
+
+
+def record(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> Projection:
+    """The projection the partitioner executes for one op (decide mode)."""
+    fa, _ = project_op(mesh, rule, tensors, decide=True)
+    return Projection(fa, tensor_dims(mesh, rule, fa, rule.operands), tensor_dims(mesh, rule, fa, rule.results))
