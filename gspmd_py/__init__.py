@@ -12,12 +12,14 @@ from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
 from .annotate import annotate, mesh_split, tag
 from .api import Plan, Spmd, spmd
+from .rules import Rules, rules
 from .partitioner.context import Collective
 from . import distributed
 from .distributed import to_host
 from .plancheck import ProgramMismatchError
 
 __all__ = [
-    "AnnotationError", "AxisRef", "Collective", "Plan", "ProgramMismatchError", "distributed", "to_host", "Spmd", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding", "ShardingError",
+    "AnnotationError", "AxisRef", "Collective", "Plan", "ProgramMismatchError", "Rules", "distributed", "to_host",
+    "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding", "ShardingError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
 ]

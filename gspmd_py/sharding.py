@@ -82,7 +82,7 @@ class Sharding:
         from jax.sharding import NamedSharding
 
         if isinstance(spec, NamedSharding):
-            _check_named_mesh(mesh, spec, what)
+            spec = named_spec(mesh, spec.mesh, spec_of(spec), what)
         dims: list[DimAxes] = []
         for e in spec_of(spec):
             # canonical: adjacent sub-axes of one axis (major then minor) merge, so that
@@ -224,15 +224,75 @@ class Sharding:
         return _from_tiles(mesh, np.asarray(tiles), replicate_last)
 
 
-def _check_named_mesh(mesh: Mesh, ns, what: str) -> None:
-    jm = ns.mesh
-    names = tuple(jm.axis_names)
-    sizes = tuple(int(s) for s in jm.axis_sizes)  # also on an AbstractMesh (which has no .devices)
+def named_spec(mesh: Mesh, jax_mesh, entries: Sequence, what: str = "tensor", open_entry: Any = None) -> P:
+    """The spec over ``mesh`` of ``entries`` (a PartitionSpec's entries) named over ``jax_mesh``.
+
+    The jax mesh must have ``mesh``'s axis names and sizes. When it holds the same devices in
+    another order (or, for an AbstractMesh, when the concrete mesh of ``jax.set_mesh`` does),
+    the layout is converted through its tile assignment, so a permuted axis becomes sub-axes
+    of ``mesh``; a layout ``mesh`` cannot express is a SpecError. ``open_entry`` entries (an
+    annotation's open dims) pass through unchanged::
+
+        >>> jm = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2).T, ("x", "y"))
+        >>> named_spec(Mesh((2, 4), ("x", "y")), jm, ("x",))   # x of jm = stride 1 of the gp mesh
+        P('y:(2)2',)
+    """
+    names = tuple(jax_mesh.axis_names)
+    sizes = tuple(int(s) for s in jax_mesh.axis_sizes)  # also on an AbstractMesh (which has no .devices)
     if names != mesh.axis_names or sizes != mesh.shape:
         raise SpecError(
             f"{what}: NamedSharding is over mesh axes {dict(zip(names, sizes))}, "
             f"not the gspmd_py mesh {dict(zip(mesh.axis_names, mesh.shape))}"
         )
+    entries = tuple(entries)
+    ids = _jax_mesh_ids(jax_mesh)
+    if ids is None or mesh.is_abstract or np.array_equal(ids, mesh.device_ids):
+        return P(*entries)
+    mine = mesh.device_ids
+    if sorted(ids.reshape(-1).tolist()) != sorted(mine.reshape(-1).tolist()):
+        raise SpecError(f"{what}: NamedSharding's mesh holds devices {_ids_text(ids)}, the gspmd_py mesh "
+                        f"{_ids_text(mine)}: they must be the same devices")
+    is_open = [open_entry is not None and e == open_entry for e in entries]
+    view = Mesh(mesh.shape, mesh.axis_names, devices=ids)
+    there = Sharding(view, P(*[None if o else e for e, o in zip(entries, is_open)]), what=what)
+    if there.num_tiles == 1:
+        here = Sharding.replicated(mesh, there.rank)
+    else:
+        tiles, partial_tiles = there.tile_assignment, there.num_tiles < mesh.size
+        if partial_tiles:  # the replicas of a tile in gspmd_py's mesh order, as its own tile assignments list them
+            pos = {int(d): i for i, d in enumerate(mine.reshape(-1))}
+            tiles = np.take_along_axis(tiles, np.argsort(np.vectorize(pos.get)(tiles), axis=-1), axis=-1)
+        try:
+            here = Sharding.from_tile_assignment(mesh, tiles, replicate_last=partial_tiles)
+        except TileAssignmentError as e:
+            raise SpecError(
+                f"{what}: NamedSharding's mesh orders the devices {_ids_text(ids)}, the gspmd_py mesh "
+                f"{_ids_text(mine)}, and its layout {P(*entries)} cannot be expressed over the gspmd_py "
+                f"mesh ({e}); build the gp.Mesh with devices=<that jax mesh>.devices"
+            ) from None
+    return P(*[open_entry if o else e for e, o in zip(here.spec, is_open)])
+
+
+def _jax_mesh_ids(jax_mesh) -> "np.ndarray | None":
+    """Device ids of a concrete jax Mesh, in its shape; for an AbstractMesh those of the concrete
+    mesh set by ``jax.set_mesh`` when it has the same axes, else None (order unknown)."""
+    import jax
+
+    if isinstance(jax_mesh, jax.sharding.Mesh):
+        return np.vectorize(lambda d: d.id, otypes=[np.int64])(jax_mesh.devices)
+    try:
+        ctx = jax.sharding.get_mesh()  # only outside tracing; an empty mesh when none is set
+    except Exception:
+        return None
+    if (isinstance(ctx, jax.sharding.Mesh) and not ctx.empty and tuple(ctx.axis_names) == tuple(jax_mesh.axis_names)
+            and tuple(ctx.axis_sizes) == tuple(jax_mesh.axis_sizes)):
+        return np.vectorize(lambda d: d.id, otypes=[np.int64])(ctx.devices)
+    return None
+
+
+def _ids_text(ids: np.ndarray, limit: int = 16) -> str:
+    flat = [int(i) for i in ids.reshape(-1)]
+    return str(flat) if len(flat) <= limit else str(flat[:limit])[:-1] + f", ... ({len(flat)} devices)]"
 
 
 def _mesh_strides(mesh: Mesh) -> list[int]:
