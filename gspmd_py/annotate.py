@@ -63,13 +63,13 @@ annotate_p.def_abstract_eval(lambda x, **_: x)
 mlir.register_lowering(annotate_p, lambda ctx, x, **_: [x])
 
 
-def _annotate_batch(args, dims, *, spec, priority, unspecified):
+def _annotate_batch(args, dims, *, spec, priority, unspecified, **kw):
     (x,), (d,) = args, dims
     if d is None:
-        return annotate_p.bind(x, spec=spec, priority=priority, unspecified=unspecified), d
+        return annotate_p.bind(x, spec=spec, priority=priority, unspecified=unspecified, **kw), d
     spec = list(spec) + [()] * (x.ndim - 1 - len(spec))
     spec.insert(d, OPEN)
-    return annotate_p.bind(x, spec=tuple(spec), priority=priority, unspecified=unspecified), d
+    return annotate_p.bind(x, spec=tuple(spec), priority=priority, unspecified=unspecified, **kw), d
 
 
 batching.primitive_batchers[annotate_p] = _annotate_batch
@@ -84,11 +84,13 @@ def annotate(x, spec, *, priority: int = 0, unspecified: bool = False):
     _check_array(x, "gp.annotate")
     if not isinstance(priority, (int, np.integer)) or isinstance(priority, bool) or priority < 0:
         raise AnnotationError(f"gp.annotate: priority must be a non-negative int, got {priority!r}")
+    # a NamedSharding's names refer to its own mesh (order checked against the function's at plan time)
+    extra = {"jax_mesh": spec.mesh} if isinstance(spec, jax.sharding.NamedSharding) else {}
     spec = _norm_spec(spec)
     x = jax.numpy.asarray(x)
     if len(spec) > x.ndim:
         raise SpecError(f"gp.annotate: spec with {len(spec)} entries for an array of rank {x.ndim} (shape {x.shape})")
-    return annotate_p.bind(x, spec=spec, priority=int(priority), unspecified=unspecified)
+    return annotate_p.bind(x, spec=spec, priority=int(priority), unspecified=unspecified, **extra)
 
 
 def mesh_split(x, mesh, dims_mapping: Sequence[int], *, priority: int = 0):

@@ -12,13 +12,14 @@ from typing import Any, Callable
 import jax
 
 from .annotate import annotate_p
+from .constraints import outside_user_mesh
 from .errors import ShardingError
 from .ir import Graph, Op, Value
 from .mesh import Mesh
 from .plan import Plan
 from .plancheck import check_same_program
 from .propagation import Propagation, Seed
-from .specs import _SPEC_LEAF, _annotation_dims, _aval, _broadcast_specs, _dims_from_spec
+from .specs import annotation_dims, arg_avals, leaf_names, spec_dims
 from .trace import trace
 
 
@@ -34,8 +35,7 @@ class Spmd:
         functools.update_wrapper(self, fn)
 
     def _key(self, args):
-        leaves, tree = jax.tree_util.tree_flatten(args)
-        avals = [_aval(x, i) for i, x in enumerate(leaves)]
+        leaves, tree, avals = arg_avals(args)
         return (tree, tuple((a.shape, str(a.dtype)) for a in avals)), leaves, tree, avals
 
     def plan(self, *args) -> Plan:
@@ -66,11 +66,9 @@ class Spmd:
     def _plan(self, args, in_tree, avals) -> Plan:
         mesh = self.mesh
         name = getattr(self.fn, "__name__", "fn")
-        in_specs = _broadcast_specs(self.in_shardings, tuple(args), "in_shardings")
-        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]]
-        in_names = [f"arg{p}" if p else "arg" for p in (pp.replace("[", "").replace("]", "").replace("'", "")
-                                                        for pp in paths)]
-        in_names = [n if len(avals) > 1 else "arg0" for n in in_names]
+        in_names = leaf_names(tuple(args))
+        in_dims = spec_dims(mesh, self.in_shardings, tuple(args), [len(a.shape) for a in avals],
+                            [Value(0, tuple(a.shape), a.dtype).type_str for a in avals], "in_shardings", in_names)
         out_tree_box = []
 
         def flat_fn(*leaves):
@@ -80,21 +78,18 @@ class Spmd:
             out_tree_box.append((t, out))
             return flat
 
-        graph = trace(flat_fn, avals)
+        graph = trace(flat_fn, avals, mesh=mesh)
         out_tree, out_value = out_tree_box[-1]
-        out_specs = _broadcast_specs(self.out_shardings, out_value if isinstance(out_value, (tuple, list, dict))
-                                     else (out_value,), "out_shardings") if self.out_shardings is not None else \
-            [None] * len(graph.outputs)
-        if isinstance(self.out_shardings, _SPEC_LEAF) and not isinstance(out_value, (tuple, list, dict)):
-            out_specs = [self.out_shardings]
+        out_names = [f"out{i}" for i in range(len(graph.outputs))]
+        out_dims = spec_dims(mesh, self.out_shardings, out_value, [v.rank for v in graph.outputs],
+                             [v.type_str for v in graph.outputs], "out_shardings", out_names)
         seeds: list[Seed] = []
-        for i, (v, spec) in enumerate(zip(graph.inputs, in_specs)):
+        for i, (v, dims) in enumerate(zip(graph.inputs, in_dims)):
             v.name = v.name or in_names[i]
-            if spec is not None:
-                dims = _dims_from_spec(mesh, spec, v.rank, f"in_shardings for argument {in_names[i]} {v.type_str}")
+            if dims is not None:
                 seeds.append(Seed(v, dims, 0, f"in_shardings of {in_names[i]}"))
         # distinct output values, so an output may be laid out unlike the value it returns
-        for i, spec in enumerate(out_specs):
+        for i, dims in enumerate(out_dims):
             v = graph.outputs[i]
             out = Value(_next_id(graph), v.shape, v.dtype, name=None)
             op = Op(_next_id(graph), "gspmd_annotate", [v], [out],
@@ -102,17 +97,15 @@ class Spmd:
             out.producer = op
             graph.ops.append(op)
             graph.outputs[i] = out
-            if spec is not None:
-                dims = _dims_from_spec(mesh, spec, v.rank, f"out_shardings for output {i} {v.type_str}")
+            if dims is not None:
                 seeds.append(Seed(out, dims, 0, f"out_shardings of output {i}"))
         for op in graph.walk():
             if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
-                v = op.outputs[0]
-                what = f"gp.annotate at {op.source or 'op %d' % op.id} on {v.type_str}"
-                dims = _annotation_dims(mesh, op.params["spec"], v.rank, what)
-                seeds.append(Seed(v, dims, op.params["priority"], what))
+                dims, what = annotation_dims(mesh, op, op.outputs[0].rank)
+                seeds.append(Seed(op.outputs[0], dims, op.params["priority"], what))
         prop = Propagation(graph, mesh, seeds).run()
-        return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names)
+        with outside_user_mesh():
+            return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names)
 
 
 def _next_id(graph: Graph) -> int:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
 from .ir import Graph, IdGen, Op, Value, new_value
 
 INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
@@ -95,12 +96,16 @@ class _Builder:
                         op.regions.append(self.convert(j, consts))
             if name == "gspmd_tag":
                 outs[0].name = eqn.params["name"]
+            if name in CONSTRAINTS:  # jax.lax.with_sharding_constraint / reshard: an annotation
+                as_annotation(op)
             ops.append(op)
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
 
 
-def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> Graph:
-    """The IR of ``fn`` applied to flat arguments of the given shapes and dtypes."""
-    closed = jax.make_jaxpr(fn)(*avals)
+def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Graph:
+    """The IR of ``fn`` applied to flat arguments of the given shapes and dtypes (traced with
+    ``mesh`` as JAX's abstract mesh, see constraints.tracing_mesh)."""
+    with tracing_mesh(mesh):
+        closed = jax.make_jaxpr(fn)(*avals)
     return _Builder(IdGen()).convert(closed.jaxpr, closed.consts)
