@@ -116,6 +116,22 @@ class Plan:
 
         return report(self)
 
+    def visualize(self, name: str, *, show: bool = True) -> str:
+        """Print the tile grid of value ``name`` over the mesh (as jax.debug.visualize_array_sharding;
+        coloured with rich when installed) and return it as text."""
+        from .visualize import visualize
+
+        v = self._value(name)
+        s = self._shardings[v.id]
+        return visualize(s, v.shape, f"{name} {v.type_str} {s.shardy()} on {self.mesh}", show=show)
+
+    def save_html(self, path: str | None = None) -> str:
+        """Write one self-contained HTML page (per-op table, collectives, tile grids, explain
+        chains) to ``path``; returns its text."""
+        from .html import save_html
+
+        return save_html(self, path)
+
     # -- execution --------------------------------------------------------------------
     def compiled(self):
         if self.mesh.is_abstract:

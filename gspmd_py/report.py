@@ -1,43 +1,71 @@
-"""Human-readable views of a Plan: the per-op table of ``plan.report()``."""
+"""Human-readable views of a Plan: the per-op table of ``plan.report()``.
+
+``rows(plan)`` is the table as data (html.py draws the same rows); ``report(plan)`` its text::
+
+    gspmd_py plan for mlp on Mesh(x=2, y=4)
+      op                  global     sharding      local    collectives
+      input arg0          f32[8,16]  [{x}, {}]     [4,16]
+      dot_general #3      f32[8,32]  [{x}, {y}]    [4,8]
+      ...
+    collectives: 1 (1 all-reduce), 256 bytes per device
+"""
 from __future__ import annotations
+
+import attrs
 
 from .partitioner.context import Collective
 
 
-def report(plan) -> str:
-    """The text of ``plan.report()``."""
-    ctx, lines = plan.ctx, []
-    lines.append(f"gspmd_py plan for {plan.fn_name} on {plan.mesh}"
-                 + (f" (executed on {dict(zip(plan.fine.names, plan.fine.sizes))})"
-                    if plan.fine.names != plan.mesh.axis_names else ""))
-    collectives = plan.collectives
+@attrs.frozen
+class Row:
+    """One line of the per-op table: an input, an op result, or a boundary collective."""
+
+    kind: str  # "input" | "op" | "boundary"
+    label: str  # "input arg0", "dot_general #3 <hidden>"
+    global_type: str
+    sharding: str
+    local: str
+    collectives: tuple[Collective, ...]
+    depth: int = 0  # nesting inside scan/while/cond bodies
+    source: str = ""
+
+
+def coll_text(c: Collective) -> str:
+    n = getattr(c, "tensors", 1)
+    return f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B" + (f" x{n}" if n > 1 else "")
+
+
+def rows(plan) -> list[Row]:
+    """The per-op table as data, in program order."""
     by_op: dict[int, list[Collective]] = {}
-    for c in collectives:
+    for c in plan.collectives:
         by_op.setdefault(c.op_id, []).append(c)
-    rows = [("op", "global", "sharding", "local", "collectives")]
+    out: list[Row] = []
     for i, v in enumerate(plan.graph.inputs):
         s = plan._shardings[v.id]
-        rows.append((f"input {plan._in_names[i]}", v.type_str, s.shardy(), _local(plan, v), ""))
+        out.append(Row("input", f"input {plan._in_names[i]}", v.type_str, s.shardy(), _local(plan, v), ()))
+
     def walk(graph, depth):
         for op in graph.ops:
-            colls = "; ".join(f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B" for c in by_op.get(op.id, []))
+            colls = tuple(by_op.get(op.id, []))
             for v in op.outputs:
                 s = plan._shardings[v.id]
                 nm = f" <{v.name}>" if v.name else ""
-                rows.append(("  " * depth + f"{op.prim} #{op.id}{nm}", v.type_str, s.shardy(), _local(plan, v),
-                             colls))
-                colls = ""
+                out.append(Row("op", f"{op.prim} #{op.id}{nm}", v.type_str, s.shardy(), _local(plan, v), colls,
+                               depth, op.source))
+                colls = ()
             for r in op.regions:
                 walk(r, depth + 1)
 
     walk(plan.graph, 0)
-    for c in by_op.get(-1, []):
-        rows.append(("boundary", "", "", "", f"{c.kind}({','.join(c.axes)}) {c.bytes_per_device}B"))
-    widths = [min(max(len(r[i]) for r in rows), 48) for i in range(5)]
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    total = sum(c.bytes_per_device for c in collectives)
-    lines.append(f"collectives: {len(collectives)} ({_count(collectives)}), {total} bytes per device")
+    for c in by_op.get(-1, []):  # at the program boundary
+        out.append(Row("boundary", "boundary", "", "", "", (c,)))
+    return out
+
+
+def notes(plan) -> list[str]:
+    """Fallbacks and notes, as report() prints them after the table."""
+    ctx, lines = plan.ctx, []
     for fb in ctx.fallbacks:
         lines.append(f"REPLICATED FALLBACK at {fb.op}: {fb.reason}")
     for note in ctx.notes:
@@ -46,6 +74,36 @@ def report(plan) -> str:
         if plan._fdims(v) != d:
             lines.append(f"note: output %{v.id} {v.type_str} is uneven on {plan._shardings[v.id].shardy()}; "
                          f"returned as {s} (jax.Arrays must divide evenly)")
+    return lines
+
+
+def title(plan) -> str:
+    return (f"gspmd_py plan for {plan.fn_name} on {plan.mesh}"
+            + (f" (executed on {dict(zip(plan.fine.names, plan.fine.sizes))})"
+               if plan.fine.names != plan.mesh.axis_names else ""))
+
+
+def summary(plan) -> str:
+    cs = plan.collectives
+    total = sum(c.bytes_per_device for c in cs)
+    return f"collectives: {len(cs)} ({_count(cs)}), {total} bytes per device"
+
+
+def report(plan) -> str:
+    """The text of ``plan.report()``."""
+    lines = [title(plan)]
+    table = [("op", "global", "sharding", "local", "collectives")]
+    for r in rows(plan):
+        if r.kind == "boundary":
+            table.append(("boundary", "", "", "", "; ".join(coll_text(c) for c in r.collectives)))
+        else:
+            table.append(("  " * r.depth + r.label, r.global_type, r.sharding, r.local,
+                          "; ".join(coll_text(c) for c in r.collectives)))
+    widths = [min(max(len(r[i]) for r in table), 48) for i in range(5)]
+    for r in table:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    lines.append(summary(plan))
+    lines.extend(notes(plan))
     return "\n".join(lines)
 
 
@@ -60,5 +118,3 @@ def _count(cs) -> str:
     for c in cs:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
     return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
-
-
