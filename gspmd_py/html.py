@@ -125,7 +125,8 @@ def page(plan) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(title)}</title>", f"<style>{_CSS}</style></head><body>",
              f"<h1>{_e(title)}</h1>", f'<p class="meta">{_e(rep.summary(plan))}</p>',
-             '<nav><a href="#collectives">collectives</a><a href="#values">values</a>'
+             '<nav><a href="#collectives">collectives</a><a href="#values">annotated values</a>'
+             '<a href="#boundary">inputs and outputs</a>'
              '<a href="#ops">per-op table</a><a href="#program">per-device program</a></nav>']
     mesh_pic = _mesh_svg(plan)
     if mesh_pic:
@@ -163,18 +164,42 @@ def _collectives(plan) -> str:
     return "\n".join(out)
 
 
+MAX_BOUNDARY_CARDS = 16  # more inputs + outputs than this (a model's parameters): a table for them
+
+
+def _card(plan, label, kind, v, source) -> str:
+    s = plan._shardings[v.id]
+    explain = plan.prop.explain(v, label)
+    src = f' <span class="src">at {_e(source)}</span>' if source else ""
+    return (f'<div class="card value"><div class="kind">{_e(kind)}{src}</div><h3 class="mono">{_e(label)}</h3>'
+            f'<div><span class="badge mono">{_e(v.type_str)}</span><span class="badge mono">'
+            f'{_e(s.shardy())}</span><span class="badge mono">local {_e(rep._local(plan, v))}</span></div>'
+            f'<div class="mono meta">{_e(str(s))}</div>'
+            f'{svg_grid(tile_grid(s, v.shape))}<pre class="explain">{_e(explain)}</pre></div>')
+
+
 def _values(plan) -> str:
-    out = ['<h2 id="values">Values: inputs, annotations, tags, outputs</h2><div class="cards">']
-    for label, kind, v, source in shown_values(plan):
+    shown = shown_values(plan)
+    inner = [x for x in shown if x[1] not in ("input", "output")]
+    edge = [x for x in shown if x[1] in ("input", "output")]
+    out = [f'<h2 id="values">Annotated and tagged values ({len(inner)})</h2>']
+    if inner:
+        out.append('<div class="cards">' + "".join(_card(plan, *x) for x in inner) + "</div>")
+    else:
+        out.append('<p class="meta">none: no gp.annotate, with_sharding_constraint or gp.tag in the function</p>')
+    out.append(f'<h2 id="boundary">Inputs and outputs ({len(edge)})</h2>')
+    if len(edge) <= MAX_BOUNDARY_CARDS:
+        out.append('<div class="cards">' + "".join(_card(plan, *x) for x in edge) + "</div>")
+        return "\n".join(out)
+    out.append('<table class="boundary"><thead><tr><th>value</th><th>global</th><th>sharding</th><th>local</th>'
+               '<th>GSPMD</th><th>why</th></tr></thead><tbody>')
+    for label, kind, v, _ in edge:
         s = plan._shardings[v.id]
-        explain = plan.prop.explain(v, label)
-        src = f' <span class="src">at {_e(source)}</span>' if source else ""
-        out.append(f'<div class="card value"><div class="kind">{_e(kind)}{src}</div><h3 class="mono">{_e(label)}</h3>'
-                   f'<div><span class="badge mono">{_e(v.type_str)}</span><span class="badge mono">'
-                   f'{_e(s.shardy())}</span><span class="badge mono">local {_e(rep._local(plan, v))}</span></div>'
-                   f'<div class="mono meta">{_e(str(s))}</div>'
-                   f'{svg_grid(tile_grid(s, v.shape))}<pre class="explain">{_e(explain)}</pre></div>')
-    out.append("</div>")
+        out.append(f'<tr><td class="m">{_e(label)}</td><td class="m">{_e(v.type_str)}</td><td class="m">'
+                   f'{_e(s.shardy())}</td><td class="m">{_e(rep._local(plan, v))}</td><td class="m">{_e(str(s))}</td>'
+                   f'<td><details><summary>explain</summary><pre class="explain">{_e(plan.prop.explain(v, label))}'
+                   f'</pre></details></td></tr>')
+    out.append("</tbody></table>")
     return "\n".join(out)
 
 

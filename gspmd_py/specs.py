@@ -83,7 +83,9 @@ def _children(node) -> list[tuple[Any, Any]]:
 
 
 def _is_leaf_node(node) -> bool:
-    return node is not None and _tu.treedef_is_leaf(_tu.tree_structure(node))
+    """A pytree leaf (an array, an object): not None, not a container (an empty one neither)."""
+    t = _tu.tree_structure(node)
+    return node is not None and t.num_leaves == 1 and t.num_nodes == 1
 
 
 def _norm_key(k) -> tuple[str, Any]:
