@@ -106,6 +106,13 @@ def test_constraint_over_permuted_devices(mesh):
     fn = lambda x: gp.tag(jax.lax.with_sharding_constraint(x * 2, NamedSharding(jm, PS("x", None))), "c")
     p = gp.spmd(fn, mesh).plan(S((8, 8), jnp.float32))
     assert p.sharding_of("c").shardy() == "[{y:(2)2}, {}]"
+    # the same through gp.annotate with that NamedSharding, and a PartitionSpec under jax.set_mesh(jm):
+    # the order of the concrete mesh set there counts
+    fa = lambda x: gp.tag(gp.annotate(x * 2, NamedSharding(jm, PS("x", None))), "c")
+    assert gp.spmd(fa, mesh).plan(S((8, 8), jnp.float32)).sharding_of("c").shardy() == "[{y:(2)2}, {}]"
+    fp = lambda x: gp.tag(jax.lax.with_sharding_constraint(x * 2, PS("x", None)), "c")
+    with jax.set_mesh(jm):
+        assert gp.spmd(fp, mesh).plan(S((8, 8), jnp.float32)).sharding_of("c").shardy() == "[{y:(2)2}, {}]"
     bad = jax.sharding.Mesh(devs[[1, 0, 2, 3, 4, 5, 6, 7]].reshape(2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
     fn2 = lambda x: jax.lax.with_sharding_constraint(x * 2, NamedSharding(bad, PS(None, "y")))
     with pytest.raises(gp.SpecError, match=r"with_sharding_constraint at .*cannot be expressed"):
