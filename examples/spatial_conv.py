@@ -19,7 +19,6 @@ if "jax" not in sys.modules:  # 8 CPU devices for the (2, 4) mesh, before jax is
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
