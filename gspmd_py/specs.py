@@ -172,6 +172,12 @@ def leaf_specs(specs, tree, what: str) -> list[LeafSpec]:
     return out
 
 
+def _broadcast_specs(specs, tree, what: str) -> list:
+    """One spec per leaf of ``tree`` (None: open), gp.rules resolved; the old entry point, kept
+    for global_inputs.from_local."""
+    return [ls.spec for ls in leaf_specs(specs, tree, what)]
+
+
 def leaf_name(prefix: str, path: Sequence) -> str:
     """``arg0``, ``arg1['params']['w']``, ``out0.kernel``: a leaf's name from its key path
     (positional index first)."""
