@@ -155,10 +155,11 @@ def _collectives(plan) -> str:
         out.append('<p class="meta">none: the program moves no data between devices</p>')
         return "\n".join(out)
     out.append('<table class="collectives"><thead><tr><th>#</th><th>kind</th><th>mesh axes</th>'
-               '<th>bytes per device</th><th>op</th></tr></thead><tbody>')
+               '<th>bytes per device</th><th>buffer</th><th>tensors</th><th>op</th></tr></thead><tbody>')
     for i, c in enumerate(cs):
         out.append(f'<tr><td class="num">{i}</td><td class="coll">{_e(c.kind)}</td><td class="m">'
                    f'{_e(",".join(c.axes))}</td><td class="num">{c.bytes_per_device:,}</td>'
+                   f'<td class="m">{_e(_buffer(c))}</td><td class="num">{getattr(c, "tensors", 1)}</td>'
                    f'<td class="m">{_e(c.op)}</td></tr>')
     out.append("</tbody></table>")
     return "\n".join(out)
@@ -176,6 +177,13 @@ def _card(plan, label, kind, v, source) -> str:
             f'{_e(s.shardy())}</span><span class="badge mono">local {_e(rep._local(plan, v))}</span></div>'
             f'<div class="mono meta">{_e(str(s))}</div>'
             f'{svg_grid(tile_grid(s, v.shape))}<pre class="explain">{_e(explain)}</pre></div>')
+
+
+def _buffer(c) -> str:
+    """``f32[4,16]`` (+ `` in a loop``): the local buffer a collective sends, when recorded."""
+    dtype, shape = getattr(c, "dtype", ""), getattr(c, "shape", ())
+    text = f"{Value(0, tuple(shape), dtype).type_str}" if dtype else ""
+    return text + (" in a loop" if getattr(c, "in_loop", False) else "")
 
 
 def _values(plan) -> str:
