@@ -6,7 +6,7 @@
     out = f(x, w)               # global jax.Arrays, laid out as planned
     print(f.plan(x, w).report())
 """
-from .errors import (AnnotationError, MeshError, PartitionWarning, ShardingError, SpecError,
+from .errors import (AnnotationError, ArgumentError, MeshError, PartitionWarning, ShardingError, SpecError,
                      TileAssignmentError, UnsupportedOpError)
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
@@ -19,7 +19,8 @@ from .distributed import to_host
 from .plancheck import ProgramMismatchError
 
 __all__ = [
-    "AnnotationError", "AxisRef", "Collective", "Plan", "ProgramMismatchError", "Rules", "distributed", "to_host",
-    "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding", "ShardingError",
+    "AnnotationError", "ArgumentError", "AxisRef", "Collective", "Plan", "ProgramMismatchError", "Rules",
+    "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
+    "ShardingError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
 ]

@@ -3,54 +3,157 @@
     f = gp.spmd(fn, mesh, in_shardings=(gp.P("x", None), gp.P(None, "y")))
     plan = f.plan(x, w)       # trace -> propagate -> partition; runs nothing
     out = f(x, w)             # places inputs, runs the one SPMD program, global jax.Arrays out
+    jax.jit(f)(x, w), jax.grad(lambda x, w: f(x, w).sum())(x, w), jax.vmap(f)(xs, ws)
+
+A gp.spmd function is a JAX function. Called with concrete arrays it runs its plan
+directly (the fast path). Called with tracers (under any JAX transformation, or inside
+another gp.spmd function) it stages ``spmd_call`` (primitive.py) inside a ``jax.jit``
+whose in/out shardings are the plan's: JAX transforms the user's jaxpr, gspmd_py
+partitions each transformed program, and nested gp.spmd calls are inlined into the outer
+plan.
+
+Arguments work as under ``jax.jit`` (arguments.py): ``static_argnums`` /
+``static_argnames`` (static values key the plan cache), keyword arguments (their leaves
+open to propagation; ``in_shardings`` covers the positional arguments that are not
+static), ``donate_argnums`` (forwarded to the jit of the program: a donated array that
+is already laid out as the plan wants is consumed).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
+import attrs
 import jax
+import jax.numpy as jnp
 
 from .annotate import annotate_p
-from .constraints import outside_user_mesh
-from .errors import ShardingError
+from .arguments import Call, Signature
+from .errors import ArgumentError, ShardingError
 from .ir import Graph, Op, Value
+from .layout import even_dims, staged_sharding
 from .mesh import Mesh
 from .plan import Plan
 from .plancheck import check_same_program
+from .primitive import SpmdParams, bind, staged_out_shardings
 from .propagation import Propagation, Seed
-from .specs import annotation_dims, arg_avals, leaf_names, spec_dims
-from .trace import trace
+from .specs import _SPEC_LEAF, _annotation_dims, _broadcast_specs, _dims_from_spec
+from .trace import trace_jaxpr
+
+Dims = tuple  # per tensor dim: a tuple of AxisRefs
+
+
+def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
+               in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
+               out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = ()) -> Plan:
+    """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops (the boundary's included) are
+    the annotations; ``in_dims`` also seeds the inputs themselves (the user's in_shardings)."""
+    graph = trace_jaxpr(closed, mesh)
+    n_in = len(graph.inputs)
+    in_names = in_names or [f"arg{i}" for i in range(n_in)]
+    in_labels = in_labels or in_names
+    for v, nm in zip(graph.inputs, in_names):
+        v.name = v.name or nm
+    labels: dict[int, str] = {}  # annotate op id -> what the user called it
+    users = graph.users()
+    seeds: list[Seed] = []
+    for i, (v, dims) in enumerate(zip(graph.inputs, in_dims or [None] * n_in)):
+        if dims is not None:
+            what = f"in_shardings of {in_labels[i]}"
+            seeds.append(Seed(v, dims, 0, what))
+            for op in users.get(v.id, []):
+                if op.prim == "gspmd_annotate":
+                    labels[op.id] = what
+                    break
+    for i, lab in enumerate(out_labels or []):
+        p = graph.outputs[i].producer
+        if lab and p is not None and p.prim == "gspmd_annotate" and not p.params.get("unspecified"):
+            labels[p.id] = lab
+    # distinct output values, so an output may be laid out unlike the value it returns
+    for i, v in enumerate(graph.outputs):
+        out = Value(_next_id(graph), v.shape, v.dtype, name=None)
+        op = Op(_next_id(graph) + 1, "gspmd_annotate", [v], [out],
+                {"spec": (), "priority": 0, "unspecified": True}, annotate_p, source=f"output {i}")
+        out.producer = op
+        graph.ops.append(op)
+        graph.outputs[i] = out
+    for op in graph.walk():
+        if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
+            v = op.outputs[0]
+            what = labels.get(op.id) or f"gp.annotate at {op.source or 'op %d' % op.id} on {v.type_str}"
+            dims = _annotation_dims(mesh, op.params["spec"], v.rank, what)
+            seeds.append(Seed(v, dims, op.params["priority"], what))
+    prop = Propagation(graph, mesh, seeds).run()
+    if in_tree is None:
+        in_tree = jax.tree_util.tree_structure([0] * n_in)
+    if out_tree is None:
+        out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
+    return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums))
+
+
+def _next_id(graph: Graph) -> int:
+    m = max([v.id for v in graph.values()] + [op.id for op in graph.walk()] + [-1])
+    return m + 1
+
+
+def _spec_entries(dims: Dims) -> tuple:
+    """gp.annotate's spec parameter for canonical dims: per dim, the axis names ("y:(2)2" for a sub-axis)."""
+    return tuple(tuple(str(r) for r in axes) for axes in dims)
+
+
+@attrs.define(eq=False)
+class _Entry:
+    """One cached signature: the annotated jaxpr, its plan, and the jit that stages it."""
+
+    jaxpr: Any
+    plan: Plan
+    params: SpmdParams
+    out_tree: Any
+    donate: tuple[int, ...]
+    _staged: Optional[Callable] = None
+
+    def staged(self, leaves):
+        """The plan staged into the caller's trace: a jit (the plan's shardings) of spmd_call."""
+        if self._staged is None:
+            plan, g = self.plan, self.plan.graph
+            if plan.mesh.is_abstract:
+                raise ShardingError(f"{plan.mesh} is abstract: {plan.fn_name} can be planned and lowered "
+                                    f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
+            in_sh = tuple(staged_sharding(plan, even_dims(plan, v.shape, plan._fdims(v)), f"argument {n}")[0]
+                          for v, n in zip(g.inputs, plan._in_names))
+            out_sh = tuple(s for s, _ in staged_out_shardings(plan))
+            jaxpr, params = self.jaxpr, self.params
+            self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
+                                   out_shardings=out_sh, donate_argnums=self.donate)
+        return jax.tree_util.tree_unflatten(self.out_tree, list(self._staged(*leaves)))
 
 
 class Spmd:
     """A function partitioned by gspmd_py (see ``spmd``)."""
 
-    def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None):
+    def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None, *,
+                 static_argnums=(), static_argnames=(), donate_argnums=()):
         if not isinstance(mesh, Mesh):
             raise ShardingError(f"gp.spmd needs a gp.Mesh, got {type(mesh).__name__}")
         self.fn, self.mesh = fn, mesh
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
-        self._plans: dict[Any, Plan] = {}
-        functools.update_wrapper(self, fn)
+        self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
+        self._entries: dict[Any, _Entry] = {}
+        # copy __name__/__doc__/..., never the wrapped object's __dict__ (eqx.filter_jit's "fn" field
+        # would replace this object's own attributes)
+        functools.update_wrapper(self, fn, updated=())
 
-    def _key(self, args):
-        leaves, tree, avals = arg_avals(args)
-        return (tree, tuple((a.shape, str(a.dtype)) for a in avals)), leaves, tree, avals
+    def plan(self, *args, **kwargs) -> Plan:
+        """The plan for these arguments (arrays or jax.ShapeDtypeStructs): compiles nothing, runs nothing."""
+        return self._entry(self._sig.bind(args, kwargs, plan_only=True)).plan
 
-    def plan(self, *args) -> Plan:
-        key, leaves, tree, avals = self._key(args)
-        p = self._plans.get(key)
-        if p is None:
-            p = self._plan(args, tree, avals)
-            self._plans[key] = p
-        return p
-
-    def __call__(self, *args):
-        key, leaves, tree, avals = self._key(args)
-        p = self._plans.get(key) or self.plan(*args)
-        check_same_program(p)  # multi-process runs only: every process planned this program
-        return p.run(leaves)
+    def __call__(self, *args, **kwargs):
+        call = self._sig.bind(args, kwargs)
+        entry = self._entry(call)
+        if call.traced:  # under a JAX transformation, or inside another gp.spmd function
+            return entry.staged(call.leaves)
+        check_same_program(entry.plan)  # multi-process runs only: every process planned this program
+        return entry.plan.run(call.leaves)  # concrete arrays: the fast path
 
     def from_local(self, *local_args, global_shapes=None):
         """Call with each process's own block of every argument (multi-process runs; see
@@ -63,58 +166,105 @@ class Spmd:
 
         return from_local(self, local_args, global_shapes)
 
-    def _plan(self, args, in_tree, avals) -> Plan:
-        mesh = self.mesh
-        name = getattr(self.fn, "__name__", "fn")
-        in_names = leaf_names(tuple(args))
-        in_dims = spec_dims(mesh, self.in_shardings, tuple(args), [len(a.shape) for a in avals],
-                            [Value(0, tuple(a.shape), a.dtype).type_str for a in avals], "in_shardings", in_names)
-        out_tree_box = []
+    # -- planning ------------------------------------------------------------------------
+    def _entry(self, call: Call) -> _Entry:
+        key = call.key
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = self._build(call)
+        return e
+
+    def _build(self, call: Call) -> _Entry:
+        mesh, name = self.mesh, getattr(self.fn, "__name__", None) or type(self.fn).__name__
+        in_names = _plan_names(call)
+        in_dims = self._in_dims(call)
+        box: list = []
 
         def flat_fn(*leaves):
-            a = jax.tree_util.tree_unflatten(in_tree, list(leaves))
-            out = self.fn(*a)
-            flat, t = jax.tree_util.tree_flatten(out)
-            out_tree_box.append((t, out))
-            return flat
+            leaves = [x if d is None else annotate_p.bind(x, spec=_spec_entries(d), priority=0, unspecified=False)
+                      for x, d in zip(leaves, in_dims)]
+            args, kwargs = call.rebuild(leaves)
+            out = self.fn(*args, **kwargs)
+            flat, out_tree = jax.tree_util.tree_flatten(out)
+            flat = [jnp.asarray(o) for o in flat]
+            out_dims = self._out_dims(out, flat)
+            box.append((out_tree, out_dims))
+            return [annotate_p.bind(o, spec=(), priority=0, unspecified=True) if d is None else
+                    annotate_p.bind(o, spec=_spec_entries(d), priority=0, unspecified=False)
+                    for o, d in zip(flat, out_dims)]
 
-        graph = trace(flat_fn, avals, mesh=mesh)
-        out_tree, out_value = out_tree_box[-1]
-        out_names = [f"out{i}" for i in range(len(graph.outputs))]
-        out_dims = spec_dims(mesh, self.out_shardings, out_value, [v.rank for v in graph.outputs],
-                             [v.type_str for v in graph.outputs], "out_shardings", out_names)
-        seeds: list[Seed] = []
-        for i, (v, dims) in enumerate(zip(graph.inputs, in_dims)):
-            v.name = v.name or in_names[i]
-            if dims is not None:
-                seeds.append(Seed(v, dims, 0, f"in_shardings of {in_names[i]}"))
-        # distinct output values, so an output may be laid out unlike the value it returns
-        for i, dims in enumerate(out_dims):
-            v = graph.outputs[i]
-            out = Value(_next_id(graph), v.shape, v.dtype, name=None)
-            op = Op(_next_id(graph), "gspmd_annotate", [v], [out],
-                    {"spec": (), "priority": 0, "unspecified": True}, annotate_p, source=f"output {i}")
-            out.producer = op
-            graph.ops.append(op)
-            graph.outputs[i] = out
-            if dims is not None:
-                seeds.append(Seed(out, dims, 0, f"out_shardings of output {i}"))
-        for op in graph.walk():
-            if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
-                dims, what = annotation_dims(mesh, op, op.outputs[0].rank)
-                seeds.append(Seed(op.outputs[0], dims, op.params["priority"], what))
-        prop = Propagation(graph, mesh, seeds).run()
-        with outside_user_mesh():
-            return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names)
+        closed = jax.make_jaxpr(flat_fn)(*call.avals)
+        if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+            raise ArgumentError(
+                f"{name} closes over a traced value of an enclosing JAX transformation: pass it to the "
+                f"gp.spmd function as an argument instead")
+        out_tree, out_dims = box[-1]
+        donate = tuple(i for i, d in enumerate(call.donated) if d)
+        plan = plan_jaxpr(closed, mesh, name=name, in_tree=call.in_tree, out_tree=out_tree, in_names=in_names,
+                          in_dims=in_dims, in_labels=call.labels,
+                          out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
+                          donate_argnums=donate)
+        return _Entry(closed, plan, SpmdParams(mesh, name, plan=plan), out_tree, donate)
+
+    def _in_dims(self, call: Call) -> list[Optional[Dims]]:
+        """Per dynamic leaf, the canonical dims of its in_sharding (None: open)."""
+        tree = jax.tree_util.tree_unflatten(call.in_tree, list(range(len(call.leaves))))
+        args = tree[0] if call.kw_form else tree
+        specs = _broadcast_specs(self.in_shardings, tuple(args), "in_shardings") if self.in_shardings is not None \
+            else []
+        out: list[Optional[Dims]] = [None] * len(call.leaves)
+        for idx, spec in zip(jax.tree_util.tree_leaves(tuple(args)), specs):
+            if spec is not None:
+                a = call.avals[idx]
+                what = f"in_shardings for argument {call.labels[idx]} {_type_str(a)}"
+                out[idx] = _dims_from_spec(self.mesh, spec, len(a.shape), what)
+        return out
+
+    def _out_dims(self, out, flat) -> list[Optional[Dims]]:
+        if self.out_shardings is None:
+            return [None] * len(flat)
+        if isinstance(self.out_shardings, _SPEC_LEAF) and not isinstance(out, (tuple, list, dict)):
+            specs = [self.out_shardings]
+        else:
+            specs = _broadcast_specs(self.out_shardings, out if isinstance(out, (tuple, list, dict)) else (out,),
+                                     "out_shardings")
+        return [None if s is None else _dims_from_spec(self.mesh, s, o.ndim, f"out_shardings for output {i} "
+                                                       f"{_type_str(o)}")
+                for i, (o, s) in enumerate(zip(flat, specs))]
 
 
-def _next_id(graph: Graph) -> int:
-    m = max([v.id for v in graph.values()] + [op.id for op in graph.walk()] + [-1])
-    return m + 1
+def _type_str(a) -> str:
+    return Value(0, tuple(a.shape), a.dtype).type_str
 
 
-def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None):
-    """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``."""
+def _plan_names(call: Call) -> list[str]:
+    """Names of the plan's inputs for ``plan.sharding_of``: "arg0", "arg1w" (positional leaf 1's
+    key w), or the keyword's name."""
+    if len(call.leaves) == 1 and not call.kw_form:
+        return ["arg0"]
+    tree = jax.tree_util.tree_unflatten(call.in_tree, [0] * len(call.leaves))
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    out = []
+    for p in paths:
+        if call.kw_form:
+            head, p = p[0].idx, p[1:]
+            if head == 1:
+                out.append(p[0].key + _squash(jax.tree_util.keystr(p[1:])))
+                continue
+        out.append("arg" + _squash(jax.tree_util.keystr(p)))
+    return out
+
+
+def _squash(keystr: str) -> str:
+    return keystr.replace("[", "").replace("]", "").replace("'", "")
+
+
+def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,
+         static_argnums=(), static_argnames=(), donate_argnums=()):
+    """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``.
+
+    ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
+    """
     if fn is not None and not callable(fn):
         if isinstance(fn, Mesh) and mesh is None:
             fn, mesh = None, fn
@@ -122,6 +272,7 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
             raise ShardingError(f"gp.spmd: first argument must be the function, got {type(fn).__name__}")
     if mesh is None:
         raise ShardingError("gp.spmd needs mesh=gp.Mesh(...)")
+    kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums)
     if fn is None:
-        return lambda f: Spmd(f, mesh, in_shardings, out_shardings)
-    return Spmd(fn, mesh, in_shardings, out_shardings)
+        return lambda f: Spmd(f, mesh, in_shardings, out_shardings, **kw)
+    return Spmd(fn, mesh, in_shardings, out_shardings, **kw)

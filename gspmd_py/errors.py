@@ -22,6 +22,12 @@ class AnnotationError(ShardingError):
     """An annotation on something that is not an array, or conflicting annotations."""
 
 
+class ArgumentError(ShardingError):
+    """An argument a gp.spmd function cannot take: a non-array leaf, a jax.ShapeDtypeStruct in a
+    call, a Python int out of its dtype's range, an unhashable static argument, or a
+    transformation it cannot be part of."""
+
+
 class UnsupportedOpError(ShardingError):
     """A primitive with no sharding rule."""
 

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as JP
 
 from .errors import ShardingError
 from .ir import Graph, Value
+from .layout import boundary_sharding
 from .mesh import Mesh
 from .partitioner.context import Collective, Ctx
 from .partitioner.fine_mesh import FineMesh
@@ -25,8 +26,9 @@ class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes."""
 
     def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, in_tree, out_tree,
-                 in_names: list[str]):
+                 in_names: list[str], donate_argnums: tuple[int, ...] = ()):
         self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
+        self.donate_argnums = tuple(donate_argnums)  # flat input indices, passed to jax.jit
         self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
         self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
         refs = [a for s in self._shardings.values() for a in s.used_axes]
@@ -62,7 +64,12 @@ class Plan:
         run = jaxpr_as_fun(self.program)
         smap = jax.shard_map(lambda *xs: tuple(run(*xs)), mesh=self.jax_mesh, in_specs=self.in_specs,
                              out_specs=self.out_specs, check_vma=False)
-        self._jitted = jax.jit(smap)
+        # outputs over the user's mesh where the layout can be said there (layout.py); same devices, no copy
+        self.out_jax_shardings = None if self.mesh.is_abstract else tuple(
+            boundary_sharding(self, d, f"output {i} {v.type_str}")
+            for i, (v, d) in enumerate(zip(g.outputs, self._out_fdims)))
+        jit_kw = {} if self.out_jax_shardings is None else {"out_shardings": self.out_jax_shardings}
+        self._jitted = jax.jit(smap, donate_argnums=self.donate_argnums, **jit_kw)
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)
         self._compiled = None

@@ -1,9 +1,18 @@
 """Trace a JAX function into gspmd_py's IR.
 
-``trace(fn, avals)`` runs ``jax.make_jaxpr`` and converts the jaxpr: nested calls
-(jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_vjp_call) are
-inlined; scan/while/cond stay region ops whose bodies are nested Graphs; literals and
-closed-over arrays become constant Values.
+``trace(fn, avals)`` runs ``jax.make_jaxpr`` and converts the jaxpr (``trace_jaxpr``):
+nested calls (jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_vjp_call,
+and other gp.spmd functions' ``spmd_call``) are inlined; scan/while/cond stay region ops
+whose bodies are nested Graphs; literals and closed-over arrays become constant Values.
+
+An inlined gp.spmd function brings its in/out shardings along as the ``gp.annotate`` ops
+its jaxpr holds, so they become annotations of the outer program; its mesh must be the
+outer function's.
+
+The recomputation of a differentiated ``jax.checkpoint`` region stays a recomputation:
+its inputs pass through an optimization barrier first (per input, an elementwise
+identity the partitioner keeps local), as JAX's own lowering of ``checkpoint`` does, so
+XLA cannot merge it with the forward pass and the memory saving survives.
 """
 from __future__ import annotations
 
@@ -13,10 +22,13 @@ import jax
 import numpy as np
 
 from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
+from .errors import ShardingError
 from .ir import Graph, IdGen, Op, Value, new_value
 
 INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
-          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call"}
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call", "spmd_call"}
+REMAT = {"remat", "remat2", "checkpoint"}
+BARRIER = "optimization_barrier_elementwise"  # one operand, one result: an elementwise identity
 REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
 _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -38,8 +50,9 @@ def _open(j):
 
 
 class _Builder:
-    def __init__(self, ids: IdGen):
+    def __init__(self, ids: IdGen, mesh=None):
         self.ids = ids
+        self.mesh = mesh  # the outer gp.spmd function's mesh: inlined gp.spmd calls must use it
 
     def const(self, data, dtype=None) -> Value:
         """A constant Value; ``dtype`` is the jaxpr's type for it (a Python scalar literal is
@@ -73,6 +86,10 @@ class _Builder:
             ins = [self._read(env, v) for v in eqn.invars]
             sub = next((eqn.params[k] for k in _CALL_PARAMS if k in eqn.params and eqn.params[k] is not None), None)
             if name in INLINE and sub is not None:
+                if name == "spmd_call":
+                    self._check_mesh(eqn)
+                if name in REMAT:
+                    ins = self._barrier(eqn, ins, ops)
                 inner, consts = _open(sub)
                 n_extra = len(inner.invars) - len(ins)
                 if n_extra:  # custom_vjp_call may pass fewer args than the call jaxpr's invars
@@ -103,9 +120,41 @@ class _Builder:
                 env[var] = o
 
 
+    def _check_mesh(self, eqn) -> None:
+        inner = eqn.params["spmd"].mesh
+        if self.mesh is not None and inner != self.mesh:
+            raise ShardingError(
+                f"gp.spmd function {eqn.params['spmd'].name} over {inner} is called inside a gp.spmd function "
+                f"over {self.mesh}{' (at ' + _source(eqn) + ')' if _source(eqn) else ''}: nested gp.spmd "
+                f"functions must use the same mesh (call the inner function's plain version and annotate it)")
+
+    def _barrier(self, eqn, ins: list[Value], ops: list[Op]) -> list[Value]:
+        """Inputs of a differentiated checkpoint region, each behind an optimization barrier."""
+        if not eqn.params.get("differentiated", False):
+            return ins
+        cse = eqn.params.get("prevent_cse", True)
+        cse = (cse,) * len(ins) if isinstance(cse, bool) else tuple(cse)
+        out = []
+        for v, keep in zip(ins, cse):
+            if not keep or v.is_const:
+                out.append(v)
+                continue
+            b = new_value(self.ids, v.shape, v.dtype)
+            op = Op(self.ids(), BARRIER, [v], [b], {}, jax.lax.optimization_barrier_p, source=_source(eqn))
+            b.producer = op
+            ops.append(op)
+            out.append(b)
+        return out
+
+
+def trace_jaxpr(closed, mesh=None) -> Graph:
+    """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls)."""
+    return _Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts)
+
+
 def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Graph:
     """The IR of ``fn`` applied to flat arguments of the given shapes and dtypes (traced with
     ``mesh`` as JAX's abstract mesh, see constraints.tracing_mesh)."""
     with tracing_mesh(mesh):
         closed = jax.make_jaxpr(fn)(*avals)
-    return _Builder(IdGen()).convert(closed.jaxpr, closed.consts)
+    return trace_jaxpr(closed, mesh)
