@@ -35,7 +35,7 @@ from .layout import even_dims, staged_sharding
 from .mesh import Mesh
 from .plan import Plan
 from .plancheck import check_same_program
-from .primitive import SpmdParams, bind, staged_out_shardings
+from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
 from .propagation import Propagation, Seed
 from .specs import _SPEC_LEAF, _annotation_dims, _broadcast_specs, _dims_from_spec
 from .trace import trace_jaxpr
@@ -110,6 +110,7 @@ class _Entry:
     params: SpmdParams
     out_tree: Any
     donate: tuple[int, ...]
+    closure: tuple = ()  # closed-over tracers of an enclosing transformation: leading inputs of the jaxpr
     _staged: Optional[Callable] = None
 
     def staged(self, leaves):
@@ -125,7 +126,7 @@ class _Entry:
             jaxpr, params = self.jaxpr, self.params
             self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
                                    out_shardings=out_sh, donate_argnums=self.donate)
-        return jax.tree_util.tree_unflatten(self.out_tree, list(self._staged(*leaves)))
+        return jax.tree_util.tree_unflatten(self.out_tree, list(self._staged(*self.closure, *leaves)))
 
 
 class Spmd:
@@ -149,8 +150,13 @@ class Spmd:
 
     def __call__(self, *args, **kwargs):
         call = self._sig.bind(args, kwargs)
+        if call.traced and in_manual_context():
+            raise ArgumentError(
+                f"{self._sig.fn_name} is called inside jax.shard_map/pmap: a gp.spmd function is a whole SPMD "
+                f"program over {self.mesh} and cannot run per device; call the plain function there, or call "
+                f"the gp.spmd function outside the shard_map")
         entry = self._entry(call)
-        if call.traced:  # under a JAX transformation, or inside another gp.spmd function
+        if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
             return entry.staged(call.leaves)
         check_same_program(entry.plan)  # multi-process runs only: every process planned this program
         return entry.plan.run(call.leaves)  # concrete arrays: the fast path
@@ -171,7 +177,9 @@ class Spmd:
         key = call.key
         e = self._entries.get(key)
         if e is None:
-            e = self._entries[key] = self._build(call)
+            e = self._build(call)
+            if not e.closure:  # closed-over tracers belong to one trace: never cached
+                self._entries[key] = e
         return e
 
     def _build(self, call: Call) -> _Entry:
@@ -193,18 +201,21 @@ class Spmd:
                     annotate_p.bind(o, spec=_spec_entries(d), priority=0, unspecified=False)
                     for o, d in zip(flat, out_dims)]
 
-        closed = jax.make_jaxpr(flat_fn)(*call.avals)
-        if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
-            raise ArgumentError(
-                f"{name} closes over a traced value of an enclosing JAX transformation: pass it to the "
-                f"gp.spmd function as an argument instead")
+        closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
         out_tree, out_dims = box[-1]
-        donate = tuple(i for i, d in enumerate(call.donated) if d)
-        plan = plan_jaxpr(closed, mesh, name=name, in_tree=call.in_tree, out_tree=out_tree, in_names=in_names,
-                          in_dims=in_dims, in_labels=call.labels,
+        n_c, in_tree, labels = len(closure), call.in_tree, call.labels
+        if n_c:  # closed-over tracers become leading inputs, left open to propagation
+            in_names = [f"closure{i}" for i in range(n_c)] + in_names
+            in_dims = [None] * n_c + in_dims
+            labels = [f"closed-over value {i}" for i in range(n_c)] + labels
+            in_tree = jax.tree_util.tree_structure((list(range(n_c)), jax.tree_util.tree_unflatten(
+                call.in_tree, [0] * len(call.leaves))))
+        donate = tuple(n_c + i for i, d in enumerate(call.donated) if d)
+        plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
+                          in_dims=in_dims, in_labels=labels,
                           out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
                           donate_argnums=donate)
-        return _Entry(closed, plan, SpmdParams(mesh, name, plan=plan), out_tree, donate)
+        return _Entry(closed, plan, SpmdParams(mesh, name, plan=plan), out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
         """Per dynamic leaf, the canonical dims of its in_sharding (None: open)."""

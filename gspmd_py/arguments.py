@@ -69,10 +69,14 @@ class Signature:
         else:
             dyn_args, dyn_kwargs, statics = tuple(args), kwargs, ()
         for where, value in statics:
+            what = self.label(where) if isinstance(where, int) else where
+            if isinstance(value, jcore.Tracer):
+                raise ArgumentError(
+                    f"{self.fn_name}: static argument {what} is traced by an enclosing transformation: mark it "
+                    f"static there too (e.g. jax.jit(f, static_argnums=...)), or pass a Python value")
             try:
                 hash(value)
             except TypeError:
-                what = self.label(where) if isinstance(where, int) else where
                 raise ArgumentError(
                     f"{self.fn_name}: static argument {what} is a {type(value).__name__}, which is not hashable: "
                     f"pass a hashable value (a tuple, a frozen dataclass) or make it an array argument") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 from jax.extend.core import jaxpr_as_fun
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from .errors import ShardingError
@@ -68,7 +69,9 @@ class Plan:
         self.out_jax_shardings = None if self.mesh.is_abstract else tuple(
             boundary_sharding(self, d, f"output {i} {v.type_str}")
             for i, (v, d) in enumerate(zip(g.outputs, self._out_fdims)))
-        jit_kw = {} if self.out_jax_shardings is None else {"out_shardings": self.out_jax_shardings}
+        jit_kw = {} if self.out_jax_shardings is None else {
+            "out_shardings": self.out_jax_shardings,  # and in_shardings, so that donated inputs can alias outputs
+            "in_shardings": tuple(NamedSharding(self.jax_mesh, s) for s in self.in_specs)}
         self._jitted = jax.jit(smap, donate_argnums=self.donate_argnums, **jit_kw)
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)

@@ -86,6 +86,22 @@ def _eager(jaxpr: ClosedJaxpr, spmd: SpmdParams) -> Callable:
 spmd_call_p.def_impl(_impl)
 
 
+def hoist_tracer_consts(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple]:
+    """A jaxpr that closed over tracers of an enclosing transformation, with all its constants
+    turned into leading inputs (passed to spmd_call as arguments), and those constants."""
+    if not any(isinstance(c, jcore.Tracer) for c in closed.consts):
+        return closed, ()
+    return ClosedJaxpr(pe.convert_constvars_jaxpr(closed.jaxpr), []), tuple(closed.consts)
+
+
+def in_manual_context() -> bool:
+    """Inside jax.shard_map / pmap: mesh axes are manual there, and a gp.spmd program cannot nest."""
+    try:
+        return bool(jax.sharding.get_abstract_mesh().manual_axes)
+    except Exception:  # pragma: no cover - older/newer jax without the query: assume not
+        return False
+
+
 # -- lowering: plan the jaxpr and lower the partitioned program in place ---------------------
 def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
     """The Plan of an spmd_call: the one the user's call built, or a fresh one (derived programs)."""
