@@ -25,7 +25,7 @@ batching, partial_eval_jaxpr_custom, dce), without the sharding/layout bookkeepi
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 import jax
@@ -43,16 +43,23 @@ from .mesh import Mesh
 
 @attrs.frozen(eq=True, hash=True)
 class SpmdParams:
-    """The non-jaxpr parameters of one spmd_call: the mesh, a name, and (for the call the
-    user made, not a derived one) the plan gspmd_py already built for its jaxpr."""
+    """The non-jaxpr parameters of one spmd_call: the mesh, a name, the layouts its inputs arrive
+    in when another spmd_call produced them (``in_hints``: the forward program's residuals,
+    seeded so the backward program takes them as they are), and the plan when gspmd_py has
+    already built it (the user's own call; the known half of a partial evaluation)."""
 
     mesh: Mesh
     name: str
     derived: bool = False  # a transformation of the user's program (jvp, transpose, vmap, split)
+    in_hints: Optional[tuple] = None  # per input: canonical dims (tuples of AxisRefs) or None
     plan: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
 
-    def derive(self) -> "SpmdParams":
-        return SpmdParams(self.mesh, self.name, True, None)
+    def derive(self, in_hints: Optional[Sequence] = None) -> "SpmdParams":
+        hints = None if in_hints is None or all(h is None for h in in_hints) else tuple(in_hints)
+        return SpmdParams(self.mesh, self.name, True, hints)
+
+    def hints(self, n: int) -> list:
+        return list(self.in_hints) if self.in_hints is not None else [None] * n
 
 
 spmd_call_p = Primitive("spmd_call")
@@ -109,7 +116,20 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
         return spmd.plan
     from .api import plan_jaxpr
 
-    return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""))
+    n = len(jaxpr.in_avals)
+    return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""),
+                      in_dims=spmd.hints(n), in_labels=[f"the layout input {i} arrives in" for i in range(n)])
+
+
+def out_layouts(plan) -> list:
+    """The canonical dims of ``plan``'s outputs as a staged call returns them (over the user's mesh)."""
+    mesh = plan.mesh
+    out = []
+    for (s, _), v in zip(staged_out_shardings(plan), plan.graph.outputs):
+        entries = list(s.spec) + [None] * (v.rank - len(s.spec))
+        out.append(tuple(() if e is None else tuple(mesh.ref(a) for a in ((e,) if isinstance(e, str) else e))
+                         for e in entries))
+    return out
 
 
 def run_padded(plan, *xs):
@@ -151,7 +171,9 @@ mlir.register_lowering(spmd_call_p, _lowering, cacheable=False)
 def _jvp(primals, tangents, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     nz_in = [type(t) is not ad.Zero for t in tangents]
     jvp_jaxpr, nz_out = ad.jvp_jaxpr(jaxpr, nz_in, instantiate=False)
-    outs = bind([*primals, *[t for t, nz in zip(tangents, nz_in) if nz]], jvp_jaxpr, spmd.derive())
+    hints = spmd.hints(len(primals))
+    outs = bind([*primals, *[t for t, nz in zip(tangents, nz_in) if nz]], jvp_jaxpr,
+                spmd.derive(hints + [h for h, nz in zip(hints, nz_in) if nz]))
     primals_out, nz_tangents = outs[:len(jaxpr.out_avals)], iter(outs[len(jaxpr.out_avals):])
     tangents_out = [next(nz_tangents) if nz else ad.Zero(a.to_tangent_aval())
                     for nz, a in zip(nz_out, jaxpr.out_avals)]
@@ -164,23 +186,42 @@ ad.primitive_jvps[spmd_call_p] = _jvp
 # -- partial evaluation: known part now, unknown part staged (linearize, grad) ------------------
 def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     known = [t.pval.is_known() for t in tracers]
+    if all(known):
+        return bind([t.pval.get_known() for t in tracers], jaxpr, spmd)
+    if not any(known):  # nothing to evaluate now: the whole call is staged
+        return _stage(trace, [trace.instantiate_const(t) for t in tracers], jaxpr, spmd)
     jaxpr_known, jaxpr_unknown, out_unknown, res_avals = pe.partial_eval_jaxpr_nounits(
         jaxpr, [not k for k in known], instantiate=False)
     known_vals = [t.pval.get_known() for t, k in zip(tracers, known) if k]
-    outs = bind(known_vals, jaxpr_known, spmd.derive())
+    hints = spmd.hints(len(tracers))
+    res_hints: list = [None] * len(res_avals)
+    outs: list = []
+    if jaxpr_known.out_avals:
+        p_known = spmd.derive([h for h, k in zip(hints, known) if k])
+        if not spmd.mesh.is_abstract:  # plan the known half now: its residual layouts seed the unknown half
+            plan = plan_of(jaxpr_known, p_known)
+            p_known = attrs.evolve(p_known, plan=plan)
+            res_hints = out_layouts(plan)[len(jaxpr_known.out_avals) - len(res_avals):]
+        outs = bind(known_vals, jaxpr_known, p_known)
     n_known_out = len(outs) - len(res_avals)
     known_out, residuals = outs[:n_known_out], outs[n_known_out:]
     res_tracers = [trace.new_instantiated_const(r) for r in residuals]
     unknown_in = [trace.instantiate_const(t) for t, k in zip(tracers, known) if not k]
-    out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(a), None) for a in jaxpr_unknown.out_avals]
     # partial_eval_jaxpr_nounits puts the residuals first in the unknown jaxpr's inputs
-    eqn = pe.new_eqn_recipe(trace, [*res_tracers, *unknown_in], out_tracers, spmd_call_p,
-                            dict(jaxpr=jaxpr_unknown, spmd=spmd.derive()), jcore.no_effects,
-                            source_info_util.current())
-    for t in out_tracers:
-        t.recipe = eqn
+    out_tracers = _stage(trace, [*res_tracers, *unknown_in], jaxpr_unknown,
+                         spmd.derive(res_hints + [h for h, k in zip(hints, known) if not k]))
     known_it, unknown_it = iter(known_out), iter(out_tracers)
     return [next(unknown_it) if uk else next(known_it) for uk in out_unknown]
+
+
+def _stage(trace: pe.JaxprTrace, in_tracers, jaxpr: ClosedJaxpr, spmd: SpmdParams):
+    """An spmd_call of unknown inputs, staged into the partial-eval trace."""
+    out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(a), None) for a in jaxpr.out_avals]
+    eqn = pe.new_eqn_recipe(trace, list(in_tracers), out_tracers, spmd_call_p, dict(jaxpr=jaxpr, spmd=spmd),
+                            jcore.no_effects, source_info_util.current())
+    for t in out_tracers:
+        t.recipe = eqn
+    return out_tracers
 
 
 pe.custom_partial_eval_rules[spmd_call_p] = _partial_eval
@@ -203,7 +244,9 @@ def _dce(used_outputs: list[bool], eqn):
     new, used_inputs = pe.dce_jaxpr(jaxpr.jaxpr, used_outputs)
     if all(used_outputs) and all(used_inputs):
         return used_inputs, eqn
-    params = dict(eqn.params, jaxpr=ClosedJaxpr(new, jaxpr.consts), spmd=eqn.params["spmd"].derive())
+    spmd = eqn.params["spmd"]
+    hints = [h for h, u in zip(spmd.hints(len(used_inputs)), used_inputs) if u]
+    params = dict(eqn.params, jaxpr=ClosedJaxpr(new, jaxpr.consts), spmd=spmd.derive(hints))
     new_eqn = jcore.new_jaxpr_eqn([v for v, u in zip(eqn.invars, used_inputs) if u],
                                [v for v, u in zip(eqn.outvars, used_outputs) if u],
                                spmd_call_p, params, jcore.no_effects, eqn.source_info, eqn.ctx)
@@ -219,7 +262,8 @@ def _transpose(cts, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     nz_cts = tuple(type(ct) is not ad.Zero for ct in cts)
     residuals = [x for x, lin in zip(args, linear) if not lin]
     t_jaxpr = _transpose_jaxpr(jaxpr, linear, nz_cts)
-    outs = iter(bind([*residuals, *[ct for ct, nz in zip(cts, nz_cts) if nz]], t_jaxpr, spmd.derive()))
+    hints = [h for h, lin in zip(spmd.hints(len(args)), linear) if not lin] + [None] * sum(nz_cts)
+    outs = iter(bind([*residuals, *[ct for ct, nz in zip(cts, nz_cts) if nz]], t_jaxpr, spmd.derive(hints)))
     return [next(outs) if lin else None for lin in linear]
 
 

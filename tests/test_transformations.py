@@ -164,6 +164,26 @@ def test_jit_of_training_step():
     assert p1["w1"].sharding.mesh.axis_names == ("x", "y")
 
 
+def _collectives(hlo: str) -> list[str]:
+    pat = r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
+    return sorted(m.group(1) for m in re.finditer(pat, hlo))
+
+
+def test_jit_of_grad_moves_no_more_data_than_planning_the_gradient():
+    """The backward program takes the forward program's residuals in the layout they come out in
+    (no resharding between the two by XLA): jax.jit(jax.grad(f)) compiles to the collectives of
+    gp.spmd(jax.grad(plain f))."""
+    mesh = mesh_of(1)
+    specs = (P("x", None), P(None, "y"), P("y", None))
+    args = (rand((16, 32), seed=1), rand((32, 64), seed=2) / 4, rand((64, 32), seed=3) / 4)
+    loss = lambda fn: (lambda *a: jnp.mean(fn(*a) ** 2))
+    f = gp.spmd(mlp, mesh, in_shardings=specs)
+    staged = jax.jit(jax.grad(loss(f), argnums=(1, 2))).lower(*args).compile().as_text()
+    direct = gp.spmd(jax.grad(loss(mlp), argnums=(1, 2)), mesh, in_shardings=specs).plan(*args).compiled().as_text()
+    assert _collectives(staged) == _collectives(direct)
+    assert "all-gather" not in _collectives(staged)
+
+
 def test_nested_gp_spmd_inlines_inner_annotations():
     mesh = mesh_of(1)
     inner = gp.spmd(mlp, mesh, in_shardings=(P("x", None), P(None, "y"), P("y", None)))
