@@ -149,6 +149,8 @@ class Spmd:
         return self._entry(self._sig.bind(args, kwargs, plan_only=True)).plan
 
     def __call__(self, *args, **kwargs):
+        if jax.config.jax_disable_jit:  # debugging, as jax.jit: the plain function, op by op
+            return self.fn(*args, **kwargs)
         call = self._sig.bind(args, kwargs)
         if call.traced and in_manual_context():
             raise ArgumentError(

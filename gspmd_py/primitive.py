@@ -12,11 +12,14 @@ function, with its in/out shardings written into that jaxpr as ``gp.annotate`` o
 
 Its lowering plans that jaxpr with gspmd_py and lowers the partitioned program (a
 ``jax.shard_map`` over the plan's mesh) in place, so the program is staged into the
-caller's computation. JAX never differentiates or batches the partitioned program (its
-``check_vma=False`` shard_map would transpose psum to psum): every transformation rule
-below builds the transformed *user* jaxpr (``jax.jvp`` of it, its transpose, its
-``jax.vmap``, its known/unknown split) and binds a new ``spmd_call`` on it, which
-gspmd_py plans in turn. The annotations travel with the jaxpr through every
+caller's computation. JAX never differentiates or batches the partitioned program (a
+``check_vma=False`` shard_map whose collectives JAX would transform without knowing what
+they were for): every transformation rule below builds the transformed *user* jaxpr
+(``jax.jvp`` of it, its transpose, its ``jax.vmap``, its known/unknown split) and binds a
+new ``spmd_call`` on it, which gspmd_py plans in turn, collectives recorded as for any
+plan. The known half of a split is planned first, and the layouts of its residuals seed
+the inputs of the unknown half (and of its transpose), so no data moves between the
+forward and the backward program. The annotations travel with the jaxpr through every
 transformation (``gp.annotate`` has its own jvp/transpose/batching rules), so tangents
 and cotangents get the primal's shardings and a vmapped batch dim is left open.
 
@@ -25,7 +28,7 @@ batching, partial_eval_jaxpr_custom, dce), without the sharding/layout bookkeepi
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import attrs
 import jax
@@ -82,12 +85,9 @@ spmd_call_p.def_abstract_eval(_abstract_eval)
 
 
 def _impl(*args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
-    """Eager evaluation (outside any jit): compile the one primitive, as jax does for any."""
-    return _eager(jaxpr, spmd)(*args)
-
-
-def _eager(jaxpr: ClosedJaxpr, spmd: SpmdParams) -> Callable:
-    return jax.jit(lambda *xs: bind(xs, jaxpr, spmd))
+    """Eager evaluation, reached only under ``jax.disable_jit()`` (staged calls otherwise run inside
+    a jit): op by op and unpartitioned, as jax.jit's functions run there; annotations are identities."""
+    return jcore.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
 
 
 spmd_call_p.def_impl(_impl)
@@ -248,8 +248,8 @@ def _dce(used_outputs: list[bool], eqn):
     hints = [h for h, u in zip(spmd.hints(len(used_inputs)), used_inputs) if u]
     params = dict(eqn.params, jaxpr=ClosedJaxpr(new, jaxpr.consts), spmd=spmd.derive(hints))
     new_eqn = jcore.new_jaxpr_eqn([v for v, u in zip(eqn.invars, used_inputs) if u],
-                               [v for v, u in zip(eqn.outvars, used_outputs) if u],
-                               spmd_call_p, params, jcore.no_effects, eqn.source_info, eqn.ctx)
+                                  [v for v, u in zip(eqn.outvars, used_outputs) if u],
+                                  spmd_call_p, params, jcore.no_effects, eqn.source_info, eqn.ctx)
     return used_inputs, new_eqn
 
 
