@@ -223,6 +223,11 @@ class Spmd:
         """Per dynamic leaf, the canonical dims of its in_sharding (None: open)."""
         tree = jax.tree_util.tree_unflatten(call.in_tree, list(range(len(call.leaves))))
         args = tree[0] if call.kw_form else tree
+        if call.kw_form and isinstance(self.in_shardings, (tuple, list)) and len(self.in_shardings) != len(args):
+            raise ArgumentError(
+                f"{self._sig.fn_name}: in_shardings has {len(self.in_shardings)} entries for {len(args)} positional "
+                f"arguments; keyword arguments ({', '.join(sorted(tree[1]))}) take none (as under jax.jit): pass "
+                f"the sharded arguments positionally")
         specs = _broadcast_specs(self.in_shardings, tuple(args), "in_shardings") if self.in_shardings is not None \
             else []
         out: list[Optional[Dims]] = [None] * len(call.leaves)

@@ -44,7 +44,8 @@ class Signature:
         params: tuple[str, ...] = ()
         try:
             ps = list(inspect.signature(fn).parameters.values())
-            params = tuple(p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+            params = tuple(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else "" for p in ps
+                           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
             by_name = {p.name: i for i, p in enumerate(ps) if p.kind == p.POSITIONAL_OR_KEYWORD}
             # as jax.jit: a static position is static by name too, and the other way round
             nums |= {by_name[n] for n in names if n in by_name}
@@ -58,7 +59,14 @@ class Signature:
     def label(self, i: int) -> str:
         return self.params[i] if i < len(self.params) and self.params[i] else f"args[{i}]"
 
+    # positional-only parameters are kept as "" in ``params``: a keyword cannot name them
+
     def bind(self, args: Sequence[Any], kwargs: dict, *, plan_only: bool = False) -> "Call":
+        if kwargs and len(args) < len(self.params) and self.params[len(args)] in kwargs:
+            # keywords naming the next positional parameters are positional: f(x, w=w) is f(x, w)
+            args, kwargs = list(args), dict(kwargs)
+            while len(args) < len(self.params) and self.params[len(args)] in kwargs:
+                args.append(kwargs.pop(self.params[len(args)]))
         n = len(args)
         static_pos = tuple(sorted({i % n for i in self.static_argnums if -n <= i < n}))
         if static_pos or self.static_argnames:

@@ -42,6 +42,25 @@ def test_static_and_keyword_arguments(mesh):
         jax.jit(f)(x, 2)
 
 
+def test_keyword_arguments_and_in_shardings(mesh):
+    f = gp.spmd(lambda x, w: x @ w, mesh, in_shardings=(P("x", None), P(None, "y")))
+    x, w = rand((8, 4)), rand((4, 8))
+    assert_same(f(x, w=w), x @ w)  # a keyword naming a positional parameter is that parameter
+    assert f.plan(x=x, w=w) is f.plan(x, w)
+    assert f.plan(x, w=w).in_shardings[1] == gp.Sharding(mesh, P(None, "y"))
+    g = gp.spmd(lambda x, **kw: x @ kw["w"], mesh, in_shardings=(P("x", None), P(None, "y")))
+    with pytest.raises(gp.ArgumentError, match=r"keyword arguments \(w\) take none.*positionally"):
+        g(x, w=w)
+    assert_same(gp.spmd(lambda x, **kw: x @ kw["w"], mesh, in_shardings=(P("x", None),))(x, w=w), x @ w)
+
+
+def test_disable_jit_runs_the_plain_function(mesh):
+    f = gp.spmd(lambda x: gp.annotate(x * 2.0, P("x")), mesh)
+    with jax.disable_jit():
+        out = jax.jit(f)(np.arange(8.0, dtype=np.float32))
+    assert_same(out, np.arange(8.0, dtype=np.float32) * 2.0)
+
+
 def test_python_scalars_are_weakly_typed(mesh):
     f = gp.spmd(lambda a, s: a * s, mesh, in_shardings=(P("x"), None))
     a = np.arange(8, dtype=np.int8)
