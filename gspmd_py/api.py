@@ -45,38 +45,39 @@ Dims = tuple  # per tensor dim: a tuple of AxisRefs
 
 def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
-               out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = ()) -> Plan:
-    """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops (the boundary's included) are
-    the annotations; ``in_dims`` also seeds the inputs themselves (the user's in_shardings)."""
+               out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
+               boundary: bool = False) -> Plan:
+    """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops are the annotations; ``in_dims``
+    seeds the inputs themselves (in_shardings, or the layouts inputs arrive in).
+
+    ``boundary``: the jaxpr is a gp.spmd function's own (``Spmd._build``): its first annotate ops
+    are the in_shardings of the inputs that have ``in_dims`` (dropped: the inputs are seeded
+    instead) and each output is an annotate op of its own (the out_shardings, or unspecified).
+    """
     graph = trace_jaxpr(closed, mesh)
     n_in = len(graph.inputs)
+    in_dims = list(in_dims) if in_dims is not None else [None] * n_in
     in_names = in_names or [f"arg{i}" for i in range(n_in)]
     in_labels = in_labels or in_names
     for v, nm in zip(graph.inputs, in_names):
         v.name = v.name or nm
+    if boundary:
+        _drop_input_annotations(graph, in_dims)
+    seeds = [Seed(v, d, 0, f"in_shardings of {lab}")
+             for v, d, lab in zip(graph.inputs, in_dims, in_labels) if d is not None]
     labels: dict[int, str] = {}  # annotate op id -> what the user called it
-    users = graph.users()
-    seeds: list[Seed] = []
-    for i, (v, dims) in enumerate(zip(graph.inputs, in_dims or [None] * n_in)):
-        if dims is not None:
-            what = f"in_shardings of {in_labels[i]}"
-            seeds.append(Seed(v, dims, 0, what))
-            for op in users.get(v.id, []):
-                if op.prim == "gspmd_annotate":
-                    labels[op.id] = what
-                    break
     for i, lab in enumerate(out_labels or []):
         p = graph.outputs[i].producer
         if lab and p is not None and p.prim == "gspmd_annotate" and not p.params.get("unspecified"):
             labels[p.id] = lab
-    # distinct output values, so an output may be laid out unlike the value it returns
-    for i, v in enumerate(graph.outputs):
-        out = Value(_next_id(graph), v.shape, v.dtype, name=None)
-        op = Op(_next_id(graph) + 1, "gspmd_annotate", [v], [out],
-                {"spec": (), "priority": 0, "unspecified": True}, annotate_p, source=f"output {i}")
-        out.producer = op
-        graph.ops.append(op)
-        graph.outputs[i] = out
+    if not boundary:  # distinct output values, so an output may be laid out unlike the value it returns
+        for i, v in enumerate(graph.outputs):
+            out = Value(_next_id(graph), v.shape, v.dtype, name=None)
+            op = Op(_next_id(graph) + 1, "gspmd_annotate", [v], [out],
+                    {"spec": (), "priority": 0, "unspecified": True}, annotate_p, source=f"output {i}")
+            out.producer = op
+            graph.ops.append(op)
+            graph.outputs[i] = out
     for op in graph.walk():
         if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
             v = op.outputs[0]
@@ -89,6 +90,24 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     if out_tree is None:
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums))
+
+
+def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:
+    """Remove the leading in_shardings annotations of a gp.spmd function's own jaxpr, their uses
+    rewired to the inputs (which carry the same shardings as seeds)."""
+    k, replace = 0, {}
+    for v, d in zip(graph.inputs, in_dims):
+        if d is None:
+            continue
+        op = graph.ops[k] if k < len(graph.ops) else None
+        if op is None or op.prim != "gspmd_annotate" or op.inputs[0] is not v:
+            return  # not the jaxpr Spmd._build makes: keep every annotation
+        replace[op.outputs[0].id] = v
+        k += 1
+    del graph.ops[:k]
+    for op in graph.walk():
+        op.inputs = [replace.get(x.id, x) for x in op.inputs]
+    graph.outputs = [replace.get(x.id, x) for x in graph.outputs]
 
 
 def _next_id(graph: Graph) -> int:
@@ -216,7 +235,7 @@ class Spmd:
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
                           in_dims=in_dims, in_labels=labels,
                           out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
-                          donate_argnums=donate)
+                          donate_argnums=donate, boundary=True)
         return _Entry(closed, plan, SpmdParams(mesh, name, plan=plan), out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
