@@ -48,7 +48,8 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
                out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
                boundary: bool = False) -> Plan:
     """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops are the annotations; ``in_dims``
-    seeds the inputs themselves (in_shardings, or the layouts inputs arrive in).
+    seeds the inputs themselves (in_shardings, or the layouts inputs arrive in; ``in_labels`` say
+    which, for ``plan.explain``).
 
     ``boundary``: the jaxpr is a gp.spmd function's own (``Spmd._build``): its first annotate ops
     are the in_shardings of the inputs that have ``in_dims`` (dropped: the inputs are seeded
@@ -58,13 +59,12 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     n_in = len(graph.inputs)
     in_dims = list(in_dims) if in_dims is not None else [None] * n_in
     in_names = in_names or [f"arg{i}" for i in range(n_in)]
-    in_labels = in_labels or in_names
+    in_labels = in_labels or [f"in_shardings of {nm}" for nm in in_names]
     for v, nm in zip(graph.inputs, in_names):
         v.name = v.name or nm
     if boundary:
         _drop_input_annotations(graph, in_dims)
-    seeds = [Seed(v, d, 0, f"in_shardings of {lab}")
-             for v, d, lab in zip(graph.inputs, in_dims, in_labels) if d is not None]
+    seeds = [Seed(v, d, 0, what) for v, d, what in zip(graph.inputs, in_dims, in_labels) if d is not None]
     labels: dict[int, str] = {}  # annotate op id -> what the user called it
     for i, lab in enumerate(out_labels or []):
         p = graph.outputs[i].producer
@@ -224,7 +224,9 @@ class Spmd:
 
         closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
         out_tree, out_dims = box[-1]
-        n_c, in_tree, labels = len(closure), call.in_tree, call.labels
+        n_c, in_tree = len(closure), call.in_tree
+        labels = [f"in_shardings of {nm}" + (f" ({lab})" if lab != nm else "")
+                  for nm, lab in zip(in_names, call.labels)]
         if n_c:  # closed-over tracers become leading inputs, left open to propagation
             in_names = [f"closure{i}" for i in range(n_c)] + in_names
             in_dims = [None] * n_c + in_dims

@@ -115,7 +115,8 @@ def test_equinox_filter_jit_both_ways(mesh):
     (lambda f: f(jax.ShapeDtypeStruct((8, 4), jnp.float32), 1), r"argument x is a jax.ShapeDtypeStruct.*f.plan"),
     (lambda f: f(rand((8, 4)), [1]), r"static argument n is a list, which is not hashable"),
     (lambda f: f(rand((8, 4)), 1, scale=2 ** 40), r"argument scale = 1099511627776 does not fit int32"),
-    (lambda f: f({"a": rand((8, 4)), "b": [rand((8, 4)), "relu"]}, 1), r"argument x\['b'\]\[1\] is a str, not an array"),
+    (lambda f: f({"a": rand((8, 4)), "b": [rand((8, 4)), "relu"]}, 1),
+     r"argument x\['b'\]\[1\] is a str, not an array"),
     (lambda f: f(rand((8, 4)), 1, scale=print), r"argument scale is a builtin_function_or_method"),
 ])
 def test_argument_errors_name_the_argument(mesh, call, message):
