@@ -290,7 +290,9 @@ ad.primitive_transposes[spmd_call_p] = _transpose
 # -- batching: vmap the user's program, the batch dim left for propagation ----------------------
 def _batch(axis_data, args, dims, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     b_jaxpr, out_dims = batching.batch_jaxpr2(jaxpr, axis_data, tuple(dims))
-    return bind(args, b_jaxpr, spmd.derive()), out_dims
+    # unbatched inputs (e.g. the residuals under jax.jacrev's vmap of a vjp) keep their layouts
+    hints = [h if d is None else None for h, d in zip(spmd.hints(len(args)), dims)]
+    return bind(args, b_jaxpr, spmd.derive(hints)), out_dims
 
 
 batching.fancy_primitive_batchers[spmd_call_p] = _batch
