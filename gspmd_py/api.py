@@ -31,13 +31,14 @@ from .annotate import annotate_p
 from .arguments import Call, Signature
 from .errors import ArgumentError, ShardingError
 from .ir import Graph, Op, Value
-from .layout import even_dims, staged_sharding
+from .layout import even_dims, own_mesh, staged_sharding
 from .mesh import Mesh
 from .plan import Plan
 from .plancheck import check_same_program
 from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
 from .propagation import Propagation, Seed
-from .specs import _SPEC_LEAF, _annotation_dims, _broadcast_specs, _dims_from_spec
+from .constraints import outside_user_mesh, tracing_mesh
+from .specs import annotation_dims, spec_dims
 from .trace import trace_jaxpr
 
 Dims = tuple  # per tensor dim: a tuple of AxisRefs
@@ -80,16 +81,15 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
             graph.outputs[i] = out
     for op in graph.walk():
         if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
-            v = op.outputs[0]
-            what = labels.get(op.id) or f"gp.annotate at {op.source or 'op %d' % op.id} on {v.type_str}"
-            dims = _annotation_dims(mesh, op.params["spec"], v.rank, what)
-            seeds.append(Seed(v, dims, op.params["priority"], what))
+            dims, what = annotation_dims(mesh, op, op.outputs[0].rank)
+            seeds.append(Seed(op.outputs[0], dims, op.params["priority"], labels.get(op.id, what)))
     prop = Propagation(graph, mesh, seeds).run()
     if in_tree is None:
         in_tree = jax.tree_util.tree_structure([0] * n_in)
     if out_tree is None:
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
-    return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums))
+    with outside_user_mesh(), own_mesh():
+        return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums))
 
 
 def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:
@@ -205,7 +205,7 @@ class Spmd:
 
     def _build(self, call: Call) -> _Entry:
         mesh, name = self.mesh, getattr(self.fn, "__name__", None) or type(self.fn).__name__
-        in_names = _plan_names(call)
+        in_names = call.names
         in_dims = self._in_dims(call)
         box: list = []
 
@@ -222,11 +222,11 @@ class Spmd:
                     annotate_p.bind(o, spec=_spec_entries(d), priority=0, unspecified=False)
                     for o, d in zip(flat, out_dims)]
 
-        closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
+        with tracing_mesh(mesh):
+            closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
         out_tree, out_dims = box[-1]
         n_c, in_tree = len(closure), call.in_tree
-        labels = [f"in_shardings of {nm}" + (f" ({lab})" if lab != nm else "")
-                  for nm, lab in zip(in_names, call.labels)]
+        labels = [f"in_shardings of {nm}" for nm in in_names]
         if n_c:  # closed-over tracers become leading inputs, left open to propagation
             in_names = [f"closure{i}" for i in range(n_c)] + in_names
             in_dims = [None] * n_c + in_dims
@@ -241,61 +241,32 @@ class Spmd:
         return _Entry(closed, plan, SpmdParams(mesh, name, plan=plan), out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
-        """Per dynamic leaf, the canonical dims of its in_sharding (None: open)."""
-        tree = jax.tree_util.tree_unflatten(call.in_tree, list(range(len(call.leaves))))
+        """Per dynamic leaf, the canonical dims of its in_sharding (None: open). in_shardings covers
+        the positional arguments that are not static, as under jax.jit."""
+        if self.in_shardings is None:
+            return [None] * len(call.leaves)
+        tree = jax.tree_util.tree_unflatten(call.in_tree, list(call.leaves))
         args = tree[0] if call.kw_form else tree
         if call.kw_form and isinstance(self.in_shardings, (tuple, list)) and len(self.in_shardings) != len(args):
             raise ArgumentError(
                 f"{self._sig.fn_name}: in_shardings has {len(self.in_shardings)} entries for {len(args)} positional "
                 f"arguments; keyword arguments ({', '.join(sorted(tree[1]))}) take none (as under jax.jit): pass "
                 f"the sharded arguments positionally")
-        specs = _broadcast_specs(self.in_shardings, tuple(args), "in_shardings") if self.in_shardings is not None \
-            else []
-        out: list[Optional[Dims]] = [None] * len(call.leaves)
-        for idx, spec in zip(jax.tree_util.tree_leaves(tuple(args)), specs):
-            if spec is not None:
-                a = call.avals[idx]
-                what = f"in_shardings for argument {call.labels[idx]} {_type_str(a)}"
-                out[idx] = _dims_from_spec(self.mesh, spec, len(a.shape), what)
-        return out
+        n = len(jax.tree_util.tree_leaves(tuple(args)))
+        avals, names = call.avals[:n], call.names[:n]
+        dims = spec_dims(self.mesh, self.in_shardings, tuple(args), [len(a.shape) for a in avals],
+                         [_type_str(a) for a in avals], "in_shardings", names)
+        return list(dims) + [None] * (len(call.leaves) - n)
 
     def _out_dims(self, out, flat) -> list[Optional[Dims]]:
         if self.out_shardings is None:
             return [None] * len(flat)
-        if isinstance(self.out_shardings, _SPEC_LEAF) and not isinstance(out, (tuple, list, dict)):
-            specs = [self.out_shardings]
-        else:
-            specs = _broadcast_specs(self.out_shardings, out if isinstance(out, (tuple, list, dict)) else (out,),
-                                     "out_shardings")
-        return [None if s is None else _dims_from_spec(self.mesh, s, o.ndim, f"out_shardings for output {i} "
-                                                       f"{_type_str(o)}")
-                for i, (o, s) in enumerate(zip(flat, specs))]
+        return spec_dims(self.mesh, self.out_shardings, out, [o.ndim for o in flat], [_type_str(o) for o in flat],
+                         "out_shardings", [f"out{i}" for i in range(len(flat))])
 
 
 def _type_str(a) -> str:
     return Value(0, tuple(a.shape), a.dtype).type_str
-
-
-def _plan_names(call: Call) -> list[str]:
-    """Names of the plan's inputs for ``plan.sharding_of``: "arg0", "arg1w" (positional leaf 1's
-    key w), or the keyword's name."""
-    if len(call.leaves) == 1 and not call.kw_form:
-        return ["arg0"]
-    tree = jax.tree_util.tree_unflatten(call.in_tree, [0] * len(call.leaves))
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-    out = []
-    for p in paths:
-        if call.kw_form:
-            head, p = p[0].idx, p[1:]
-            if head == 1:
-                out.append(p[0].key + _squash(jax.tree_util.keystr(p[1:])))
-                continue
-        out.append("arg" + _squash(jax.tree_util.keystr(p)))
-    return out
-
-
-def _squash(keystr: str) -> str:
-    return keystr.replace("[", "").replace("]", "").replace("'", "")
 
 
 def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,

@@ -3,8 +3,8 @@ array leaves named by their pytree path, and clear errors for what cannot be an 
 
     >>> sig = Signature.of(fn, static_argnums=(1,), static_argnames=("act",))
     >>> call = sig.bind((x, 4), {"act": "gelu", "w": w})   # fn(x, n, *, act, w)
-    >>> call.labels                                       # leaves, named for messages
-    ['x', 'w']
+    >>> call.names                # leaves named by key path, as the plan names its inputs
+    ['arg0', 'w']
     >>> args, kwargs = call.rebuild(call.leaves)         # statics put back: (x, 4), {"act": ..., "w": w}
 
 Static values are part of the plan cache key (``call.key``); dynamic leaves are arrays,
@@ -22,6 +22,7 @@ import numpy as np
 from jax import core as jcore
 
 from .errors import ArgumentError
+from .specs import short_repr
 
 _SCALARS = (bool, int, float, complex)
 
@@ -56,18 +57,23 @@ class Signature:
             raise ArgumentError(f"{_name(fn)}: arguments {sorted(nums & donate)} are both static and donated")
         return cls(_name(fn), params, frozenset(nums), frozenset(names), frozenset(donate))
 
-    def label(self, i: int) -> str:
-        return self.params[i] if i < len(self.params) and self.params[i] else f"args[{i}]"
+    @staticmethod
+    def name(i: int) -> str:
+        """Positional argument ``i`` as ``plan.sharding_of`` names it (``arg1``)."""
+        return f"arg{i}"
 
     # positional-only parameters are kept as "" in ``params``: a keyword cannot name them
 
     def bind(self, args: Sequence[Any], kwargs: dict, *, plan_only: bool = False) -> "Call":
+        n_given = len(args)
         if kwargs and len(args) < len(self.params) and self.params[len(args)] in kwargs:
             # keywords naming the next positional parameters are positional: f(x, w=w) is f(x, w)
             args, kwargs = list(args), dict(kwargs)
             while len(args) < len(self.params) and self.params[len(args)] in kwargs:
                 args.append(kwargs.pop(self.params[len(args)]))
         n = len(args)
+        # how the caller named each positional argument (messages say "w" for one passed as w=...)
+        said = lambda i: self.params[i] if i >= n_given else self.name(i)
         static_pos = tuple(sorted({i % n for i in self.static_argnums if -n <= i < n}))
         if static_pos or self.static_argnames:
             dyn_args = tuple(a for i, a in enumerate(args) if i not in static_pos)
@@ -77,7 +83,7 @@ class Signature:
         else:
             dyn_args, dyn_kwargs, statics = tuple(args), kwargs, ()
         for where, value in statics:
-            what = self.label(where) if isinstance(where, int) else where
+            what = said(where) if isinstance(where, int) else where
             if isinstance(value, jcore.Tracer):
                 raise ArgumentError(
                     f"{self.fn_name}: static argument {what} is traced by an enclosing transformation: mark it "
@@ -89,17 +95,18 @@ class Signature:
                     f"{self.fn_name}: static argument {what} is a {type(value).__name__}, which is not hashable: "
                     f"pass a hashable value (a tuple, a frozen dataclass) or make it an array argument") from None
         leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs) if dyn_kwargs else dyn_args)
-        return Call(self, static_pos, statics, in_tree, leaves, n, bool(dyn_kwargs), plan_only)
+        return Call(self, static_pos, statics, in_tree, leaves, n, bool(dyn_kwargs), plan_only, n_given)
 
 
 class Call:
     """One call's arguments: dynamic leaves (their avals, and labels for messages) and static values."""
 
     def __init__(self, sig: Signature, static_pos: tuple[int, ...], statics: tuple, in_tree, leaves: list,
-                 n_args: int, kw_form: bool, plan_only: bool):
+                 n_args: int, kw_form: bool, plan_only: bool, n_given: int):
         self.sig, self.static_pos, self.statics, self.in_tree = sig, static_pos, statics, in_tree
         self.leaves, self.n_args, self.kw_form = leaves, n_args, kw_form  # kw_form: in_tree is (args, kwargs)
-        self._labels: list[str] | None = None
+        self.n_given = n_given  # positional arguments as given; the rest were passed by keyword
+        self._paths_cache: list[tuple[str, str, bool]] | None = None
         self.avals = [_aval(x, i, self, plan_only) for i, x in enumerate(leaves)]
 
     @property
@@ -111,29 +118,39 @@ class Call:
         return any(isinstance(x, jcore.Tracer) for x in self.leaves)
 
     @property
+    def names(self) -> list[str]:
+        """Each leaf named by its key path, as the plan names its inputs: "arg0", "arg1['w']"
+        (positional: by position in the call, statics counted), "opts['lr']" (keyword)."""
+        return [nm for nm, _, _ in self._paths()]
+
+    @property
     def labels(self) -> list[str]:
-        """Each leaf named by argument and pytree path: "x", "params['w']", "args[2][0]"."""
-        if self._labels is None:
-            self._labels = [lab for lab, _ in self._paths()]
-        return self._labels
+        """Each leaf named for messages: as ``names``, but a positional argument passed by keyword
+        under its keyword ("w['kernel']")."""
+        return [lab for _, lab, _ in self._paths()]
 
     @property
     def donated(self) -> tuple[bool, ...]:
         if not self.sig.donate_argnums:
             return (False,) * len(self.leaves)
-        return tuple(d for _, d in self._paths())
+        return tuple(d for _, _, d in self._paths())
 
-    def _paths(self) -> list[tuple[str, bool]]:
+    def _paths(self) -> list[tuple[str, str, bool]]:
+        if self._paths_cache is not None:
+            return self._paths_cache
         tree = jax.tree_util.tree_unflatten(self.in_tree, [0] * len(self.leaves))
         pos_dyn = [i for i in range(self.n_args) if i not in self.static_pos]
         out = []
         for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
             if self.kw_form and path[0].idx == 1:
-                out.append((path[1].key + jax.tree_util.keystr(path[2:]), False))
+                nm = path[1].key + jax.tree_util.keystr(path[2:])
+                out.append((nm, nm, False))
                 continue
             path = path[1:] if self.kw_form else path
-            i = pos_dyn[path[0].idx]
-            out.append((self.sig.label(i) + jax.tree_util.keystr(path[1:]), i in self.sig.donate_argnums))
+            i, rest = pos_dyn[path[0].idx], jax.tree_util.keystr(path[1:])
+            said = self.sig.params[i] if i >= self.n_given else self.sig.name(i)
+            out.append((self.sig.name(i) + rest, said + rest, i in self.sig.donate_argnums))
+        self._paths_cache = out
         return out
 
     def rebuild(self, leaves: Sequence[Any]) -> tuple[tuple, dict]:
@@ -178,9 +195,11 @@ def _aval(x, i: int, call: Call, plan_only: bool):
         return jax.ShapeDtypeStruct((), dtype, weak_type=True)
     if hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "__array__"):
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    hint = " (a function inside a model? split it off first, e.g. eqx.partition(model, eqx.is_array))" \
+        if callable(x) else ""
     raise ArgumentError(
-        f"{fn_name}: argument {label} is a {type(x).__name__}, not an array: mark it static "
-        f"(static_argnums/static_argnames) or close over it")
+        f"{fn_name}: argument {label} is {type(x).__name__} {short_repr(x, 40)}, not an array: mark it static "
+        f"(static_argnums/static_argnames) or close over it{hint}")
 
 
 class _Label:

@@ -22,10 +22,10 @@ class AnnotationError(ShardingError):
     """An annotation on something that is not an array, or conflicting annotations."""
 
 
-class ArgumentError(ShardingError):
+class ArgumentError(AnnotationError):
     """An argument a gp.spmd function cannot take: a non-array leaf, a jax.ShapeDtypeStruct in a
     call, a Python int out of its dtype's range, an unhashable static argument, or a
-    transformation it cannot be part of."""
+    transformation it cannot be part of. (An AnnotationError too: non-array leaves were those.)"""
 
 
 class UnsupportedOpError(ShardingError):

@@ -17,8 +17,9 @@ to the nearest user-mesh layout (``staged_sharding``: the partial sub-axes dropp
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import jax
 import numpy as np
@@ -27,6 +28,18 @@ from jax.sharding import PartitionSpec as JP
 
 from .mesh import Mesh
 from .partitioner.fine_mesh import FineMesh
+
+
+@contextlib.contextmanager
+def own_mesh() -> Iterator[None]:
+    """No JAX mesh context while gspmd_py builds or stages its program (a shard_map over its own
+    execution mesh): not the user's ``jax.set_mesh``, not the abstract mesh an enclosing gp.spmd
+    traces under (constraints.tracing_mesh). Works inside a trace, unlike ``jax.set_mesh``."""
+    if jax.sharding.get_abstract_mesh().empty:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        yield
 
 
 @functools.lru_cache(maxsize=64)

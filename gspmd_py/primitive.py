@@ -40,7 +40,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import ClosedJaxpr, Primitive
 
 from .errors import ShardingError
-from .layout import staged_sharding
+from .layout import own_mesh, staged_sharding
 from .mesh import Mesh
 
 
@@ -161,7 +161,8 @@ def _lowering(ctx, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
         raise ShardingError(f"{spmd.mesh} is abstract: a gp.spmd function on it can be planned "
                             "(f.plan(...).lower_text()), not staged into a jax.jit")
     plan = plan_of(jaxpr, spmd)
-    return mlir.lower_fun(lambda *xs: run_padded(plan, *xs), multiple_results=True)(ctx, *args)
+    with own_mesh():
+        return mlir.lower_fun(lambda *xs: run_padded(plan, *xs), multiple_results=True)(ctx, *args)
 
 
 mlir.register_lowering(spmd_call_p, _lowering, cacheable=False)

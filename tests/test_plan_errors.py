@@ -20,19 +20,19 @@ def x44():
 
 def test_unknown_axis_in_in_shardings(mesh):
     f = gp.spmd(lambda a: a * 2, mesh, in_shardings=(gp.P("z", None),))
-    with pytest.raises(gp.SpecError, match=r"argument a f32.*'z'.*\('x', 'y'\)"):
+    with pytest.raises(gp.SpecError, match=r"arg0.*'z'.*\('x', 'y'\)"):
         f.plan(x44())
 
 
 def test_spec_longer_than_rank(mesh):
     f = gp.spmd(lambda a: a * 2, mesh, in_shardings=(gp.P("x", "y", None),))
-    with pytest.raises(gp.SpecError, match=r"argument a f32.*3 entries.*rank 2"):
+    with pytest.raises(gp.SpecError, match=r"arg0.*3 entries.*rank 2"):
         f.plan(x44())
 
 
 def test_one_axis_on_two_dims(mesh):
     f = gp.spmd(lambda a: a * 2, mesh, in_shardings=(gp.P("x", "x"),))
-    with pytest.raises(gp.SpecError, match=r"argument a f32.*'x'.*dims 0 and 1"):
+    with pytest.raises(gp.SpecError, match=r"arg0.*'x'.*dims 0 and 1"):
         f.plan(x44())
 
 
@@ -45,7 +45,7 @@ def test_unknown_axis_in_annotation_names_the_site(mesh):
 
 def test_out_shardings_wrong_rank(mesh):
     f = gp.spmd(lambda a: a.sum(0), mesh, out_shardings=gp.P("x", "y"))
-    with pytest.raises(gp.SpecError, match=r"out_shardings for output 0.*rank 1"):
+    with pytest.raises(gp.SpecError, match=r"out_shardings.*out0 f32\[4\].*rank 1"):
         f.plan(x44())
 
 
@@ -64,13 +64,13 @@ def test_in_shardings_conflicting_pytree_for_one_argument(mesh):
 def test_named_sharding_over_other_mesh(mesh):
     jm = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
     f = gp.spmd(lambda a: a, mesh, in_shardings=(jax.sharding.NamedSharding(jm, jax.sharding.PartitionSpec("a")),))
-    with pytest.raises(gp.SpecError, match=r"argument a f32"):
+    with pytest.raises(gp.SpecError, match=r"arg0"):
         f.plan(x44())
 
 
 def test_non_array_argument(mesh):
     f = gp.spmd(lambda a, s: a, mesh)
-    with pytest.raises(gp.ArgumentError, match=r"argument s is a str, not an array: mark it static"):
+    with pytest.raises(gp.AnnotationError, match=r"argument arg1 is str"):
         f.plan(x44(), "hello")
 
 
