@@ -70,6 +70,7 @@ class Op:
     primitive: Any = None  # the jax Primitive, re-bound by the partitioner
     regions: list["Graph"] = attrs.field(factory=list)
     source: str = ""  # user source location, for messages
+    effects: bool = False  # has side effects: never removed as dead code
 
     def __repr__(self) -> str:
         outs = " ".join(repr(v) for v in self.outputs)
@@ -134,6 +135,30 @@ class Graph:
                 lines.extend("    " + l for l in repr(r).splitlines())
         lines.append("  return " + " ".join(f"%{v.id}" for v in self.outputs))
         return "\n".join(lines)
+
+
+ROOTS = frozenset({"gspmd_tag", "gspmd_annotate"})  # kept even when unused: the user names or constrains them
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop ops whose results nothing uses (jax.grad's jaxpr still computes the primal output
+    it discards; XLA would drop it, and so do we, before it costs a collective). Effectful
+    ops, tags and annotations stay; region bodies keep their signatures.
+
+        %1 = sin %0; %2 = mul %1 2.0; _ = reduce_sum %2; %3 = cos %0; return %3
+        -> %3 = cos %0; return %3
+    """
+    live = {v.id for v in graph.outputs}
+    kept: list[Op] = []
+    for op in reversed(graph.ops):
+        if op.effects or op.prim in ROOTS or any(o.id in live for o in op.outputs):
+            kept.append(op)
+            live.update(v.id for v in op.inputs)
+            for r in op.regions:
+                eliminate_dead_code(r)
+
+    graph.ops = kept[::-1]
+    return graph
 
 
 class IdGen:

@@ -17,6 +17,7 @@ from .mesh import Mesh
 from .partitioner.context import Collective, Ctx
 from .partitioner.fine_mesh import FineMesh
 from .partitioner.program import boundary_out_dims, build_body, fine_plan, op_label, warn_fallbacks
+from .partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
 from .partitioner.records import collect
 from .partitioner.pvalue import ceil_div
 from .propagation import Propagation
@@ -27,9 +28,11 @@ class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes."""
 
     def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, in_tree, out_tree,
-                 in_names: list[str], donate_argnums: tuple[int, ...] = ()):
+                 in_names: list[str], donate_argnums: tuple[int, ...] = (),
+                 combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES):
         self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
         self.donate_argnums = tuple(donate_argnums)  # flat input indices, passed to jax.jit
+        self.combine_threshold_bytes = combine_threshold_bytes
         self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
         self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
         refs = [a for s in self._shardings.values() for a in s.used_axes]
@@ -52,7 +55,9 @@ class Plan:
         body = build_body(g, ctx, in_dims, out_dims)
         local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(g.inputs, in_dims)]
         # the per-device program, traced once: what it communicates is read back from it
-        self.program = jax.make_jaxpr(body, axis_env=list(zip(self.fine.names, self.fine.sizes)))(*local)
+        axis_env = list(zip(self.fine.names, self.fine.sizes))
+        self.program = combine(jax.make_jaxpr(body, axis_env=axis_env)(*local), self.combine_threshold_bytes,
+                               axis_env)
         labels = {op.id: op_label(op) for op in g.walk()}
         self._collectives = collect(self.program.jaxpr, self.fine, lambda i: labels.get(i, f"op {i}"))
         self.jax_mesh = self.fine.jax_mesh()

@@ -23,7 +23,7 @@ import numpy as np
 
 from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
 from .errors import ShardingError
-from .ir import Graph, IdGen, Op, Value, new_value
+from .ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
 INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call", "spmd_call"}
@@ -102,7 +102,8 @@ class _Builder:
                     env[ov] = self._read(local, iv)
                 continue
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-            op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=_source(eqn))
+            op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=_source(eqn),
+                    effects=bool(eqn.effects))
             for o in outs:
                 o.producer = op
             if name in REGION:
@@ -148,13 +149,14 @@ class _Builder:
 
 
 def trace_jaxpr(closed, mesh=None) -> Graph:
-    """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls)."""
-    return _Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts)
+    """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls),
+    dead code removed."""
+    return eliminate_dead_code(_Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts))
 
 
 def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Graph:
     """The IR of ``fn`` applied to flat arguments of the given shapes and dtypes (traced with
-    ``mesh`` as JAX's abstract mesh, see constraints.tracing_mesh)."""
+    ``mesh`` as JAX's abstract mesh, see constraints.tracing_mesh), dead code removed."""
     with tracing_mesh(mesh):
         closed = jax.make_jaxpr(fn)(*avals)
     return trace_jaxpr(closed, mesh)

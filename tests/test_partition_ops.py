@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import gspmd_py as gp
-from partition_util import (DIMS, SMALL_DIMS, assert_same, check, examples, maybe, meshes, rand, shapes,
+from partition_util import (DIMS, SMALL_DIMS, check, examples, maybe, meshes, rand, shapes,
                             spec_for)
 
 F32 = dict(rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as JP
 
 import gspmd_py as gp
-from partition_util import assert_same, check, examples, meshes, rand, shapes, spec_for
+from partition_util import check, examples, meshes, rand, shapes, spec_for
 
 P = gp.P
 

@@ -119,8 +119,21 @@ class Ctx:
         self.fallbacks.append(Fallback(self.current_op, reason))
 
     # -- collectives -----------------------------------------------------------------
+    def _memo(self, key: tuple, x, make):
+        """One collective per (kind, operand, parameters): a second handler gathering the
+        same value (a pool and its gradient) reuses the first's result. The cache lives with
+        the reshard cache, so a loop body's tracers never leak out of it."""
+        key = (key, id(x))
+        hit = self.reshard_cache.get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        out = make()
+        self.reshard_cache[key] = (x, out)
+        return out
+
     def all_gather(self, x, axes: Sequence[str], dim: int):
-        return lax.all_gather(x, tuple(axes), axis=dim, tiled=True)
+        return self._memo(("all-gather", tuple(axes), dim), x,
+                          lambda: lax.all_gather(x, tuple(axes), axis=dim, tiled=True))
 
     def all_reduce(self, x, axes: Sequence[str], kind: str = "sum"):
         fn = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[kind]
