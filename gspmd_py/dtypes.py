@@ -55,10 +55,6 @@ def is_unsigned(dt: Any) -> bool:
     return bool(jnp.issubdtype(dtype(dt), jnp.unsignedinteger))
 
 
-def is_numeric(dt: Any) -> bool:
-    return is_int(dt) or is_inexact(dt)
-
-
 def itemsize(dt: Any) -> int:
     return dtype(dt).itemsize
 

@@ -16,6 +16,8 @@ from typing import Any, Iterator, Optional, Sequence
 import attrs
 import numpy as np
 
+from .dtypes import short_name
+
 
 @attrs.define(eq=False, repr=False)
 class Value:
@@ -47,13 +49,7 @@ class Value:
 
     @property
     def type_str(self) -> str:
-        try:
-            dt = np.dtype(self.dtype).name
-            short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "s32",
-                     "int64": "s64", "uint32": "u32", "uint8": "u8", "int8": "s8", "bool": "pred"}.get(dt, dt)
-        except TypeError:
-            short = str(self.dtype)
-        return f"{short}[{','.join(str(s) for s in self.shape)}]"
+        return f"{short_name(self.dtype)}[{','.join(str(s) for s in self.shape)}]"
 
     def __repr__(self) -> str:
         label = f"%{self.id}" + (f"<{self.name}>" if self.name else "")

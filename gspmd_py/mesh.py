@@ -17,7 +17,7 @@ uses ``y:(1)2`` and ``y:(2)2``.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import attrs
 import numpy as np
@@ -212,7 +212,3 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
     if missing:
         raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})")
     return np.asarray(flat, dtype=np.int64).reshape(shape)
-
-
-def mesh_refs(mesh: Mesh, entries: Iterable) -> tuple[AxisRef, ...]:
-    return tuple(mesh.ref(e) for e in entries)

@@ -20,7 +20,7 @@ from .partitioner.context import Collective
 class Row:
     """One line of the per-op table: an input, an op result, or a boundary collective."""
 
-    kind: str  # "input" | "op" | "boundary"
+    kind: str  # "input" | "op" | "boundary" | "combined" (a collective carrying several ops' tensors)
     label: str  # "input arg0", "dot_general #3 <hidden>"
     global_type: str
     sharding: str
@@ -58,8 +58,10 @@ def rows(plan) -> list[Row]:
                 walk(r, depth + 1)
 
     walk(plan.graph, 0)
-    for c in by_op.get(-1, []):  # at the program boundary
-        out.append(Row("boundary", "boundary", "", "", "", (c,)))
+    for c in by_op.get(-1, []):  # at the program boundary, or combined from several ops
+        combined = c.op.startswith("combined")
+        out.append(Row("combined" if combined else "boundary", "combined" if combined else "boundary",
+                       "", "", "", (c,), 0, c.op if combined else ""))
     return out
 
 
@@ -70,6 +72,9 @@ def notes(plan) -> list[str]:
         lines.append(f"REPLICATED FALLBACK at {fb.op}: {fb.reason}")
     for note in ctx.notes:
         lines.append(f"note: {note}")
+    for c in plan.collectives:
+        if c.op.startswith("combined:"):
+            lines.append(f"combined {coll_text(c)}: {c.op[len('combined: '):]}")
     for v, d, s in zip(plan.graph.outputs, plan._out_fdims, plan.out_specs):
         if plan._fdims(v) != d:
             lines.append(f"note: output %{v.id} {v.type_str} is uneven on {plan._shardings[v.id].shardy()}; "

@@ -111,3 +111,60 @@ def test_handlers_execute_the_recorded_projection(name, i, data):
     plan = f.plan(*args)
     assert not projection_violations(plan), projection_violations(plan)
     assert_same(f(*args), fn(*map(jnp.asarray, args)), rtol=1e-4, atol=1e-4)
+
+
+# -- registry integrity ------------------------------------------------------------------------
+
+def test_rules_name_checked_handlers_and_every_handler_exists():
+    from gspmd_py.ops.registry import handler_names_in_use, register
+    from gspmd_py.ops.rule import HANDLER_NAMES
+    from gspmd_py.partitioner import registry
+
+    assert handler_names_in_use() <= HANDLER_NAMES <= set(registry.HANDLERS)
+    with pytest.raises(ValueError, match="unknown handler 'dott'"):
+        register("my_prim", handler="dott")
+    with pytest.raises(ValueError, match="duplicate sharding rule for primitive 'tanh'"):
+        register("tanh", handler="elementwise")(lambda op: None)
+    with pytest.raises(ValueError, match="duplicate partitioner handler 'dot'"):
+        registry.handler("dot")(lambda *a: None)
+    with pytest.raises(ValueError, match="not a rule handler name"):
+        registry.handler("dott")(lambda *a: None)
+    saved = registry.HANDLERS.pop("dot")
+    try:
+        with pytest.raises(ValueError, match=r"without a partitioner handler: \['dot'\]"):
+            registry.check_complete()
+    finally:
+        registry.HANDLERS["dot"] = saved
+
+
+# -- collectives are data ----------------------------------------------------------------------
+
+def _block(x, w1, w2):
+    def step(h, w):
+        return jnp.tanh(h @ w) @ w.T, None
+    h, _ = lax.scan(step, x, jnp.concatenate([w1[None], w2[None]]))
+    return h.sum(0), jnp.max(h, axis=1)
+
+
+def test_collectives_are_the_same_across_plans_and_re_traces():
+    mesh = mesh_of(1)
+    args = [rand((8, 16)), rand((16, 16), seed=1), rand((16, 16), seed=2)]
+    specs = (gp.P("x", "y"), gp.P(None, "y"), gp.P(None, "y"))
+    p1 = gp.spmd(_block, mesh, in_shardings=specs).plan(*args)
+    p2 = gp.spmd(_block, mesh, in_shardings=specs).plan(*args)
+    first = [(c, c.op_id, c.shape, c.dtype, c.reduce, c.tensors, c.in_loop) for c in p1.collectives]
+    assert first and first == [(c, c.op_id, c.shape, c.dtype, c.reduce, c.tensors, c.in_loop) for c in p2.collectives]
+    assert any(c.in_loop for c in p1.collectives)
+    p1.lower_text(), p1.lower_text()  # lowering re-traces the program: the records do not change
+    assert [(c, c.op_id) for c in p1.collectives] == [f[:2] for f in first]
+    assert p1.spmd_text() == p2.spmd_text()
+
+
+def test_a_max_over_a_sharded_dim_is_a_max_all_reduce():
+    mesh = mesh_of(1)
+    x = rand((6, 13))
+    x[2, 7] = np.nan
+    f = gp.spmd(lambda a: jnp.max(a, axis=1), mesh, in_shardings=(gp.P(None, ("x", "y")),))
+    plan = f.plan(x)
+    assert [(c.kind, c.reduce) for c in plan.collectives] == [("all-reduce", "max")]
+    assert_same(f(x), jnp.max(jnp.asarray(x), axis=1))  # NaN survives the all-reduce

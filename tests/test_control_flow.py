@@ -42,7 +42,7 @@ def test_scan_body_is_partitioned_not_replicated(mesh):
     ws = jax.ShapeDtypeStruct((3, 2, 16, 16), jnp.float32)
     p = gp.spmd(scanned_mlp, mesh, in_shardings=(gp.P("x", None), gp.P(None, None, None, "y"))).plan(x, ws)
     assert not p.fallbacks
-    # the carry keeps the data-parallel sharding inside the body (REFERENCE 17)
+    # the carry keeps the data-parallel sharding inside the body (GSPMD paper section 3.4: carry, body parameter and body result share one sharding)
     body = p.graph.ops[[op.prim for op in p.graph.ops].index("scan")].regions[0]
     assert p._shardings[body.inputs[0].id].dims[0] == p._shardings[p.graph.inputs[0].id].dims[0]
     assert "scan" in p.report() and "dot_general" in p.report()

@@ -179,12 +179,12 @@ def test_reshape_result_sharded_on_a_minor_factor():
 
 
 def test_reshape_split_sharded_dim_stays_local():
-    """[8] sharded x:4 -> [2,4]: the axis splits into sub-axes, no communication (REFERENCE 7)."""
+    """[8] sharded x:4 -> [2,4]: the axis splits into sub-axes, no communication (Shardy: a reshape splits the axis into sub-axes)."""
     mesh = gp.Mesh((4, 2), ("x", "y"))
     fn = lambda v: jnp.reshape(v, (2, 4)) * 2.0
     plan = check(fn, mesh, (rand((8,)),), (gp.P("x"),))
     assert plan.collectives == []
-    # REFERENCE 8: [{x},{y}] 4x4 -> 16 keeps only x: y is gathered, once
+    # Shardy reshape test: [{x},{y}] 4x4 -> 16 keeps only x: y is gathered, once
     mesh = gp.Mesh((2, 2), ("x", "y"), devices=[0, 1, 2, 3])
     plan = check(lambda v: jnp.reshape(v, (16,)) + 1.0, mesh, (rand((4, 4)),), (gp.P("x", "y"),))
     assert plan.out_specs[0] == jax.sharding.PartitionSpec("x")
@@ -411,7 +411,7 @@ def test_top_k(data):
 
 
 def test_sort_sharded_dim_moves_by_all_to_all():
-    """REFERENCE 32: sort along a sharded dim: the sharding moves to another dim (all-to-all)."""
+    """GSPMD paper section 3.5: sort along a sharded dim: the sharding moves to another dim (all-to-all)."""
     mesh = gp.Mesh((2, 4), ("x", "y"))
     x = rand((8, 16))
     plan = check(lambda v: jnp.sort(v, axis=1), mesh, (x,), (gp.P(None, "y"),), gp.P("y", None))
@@ -512,7 +512,7 @@ def test_layernorm(data):
 
 
 def test_uneven_elementwise_is_local():
-    """REFERENCE 26: f32[3,3] [2,1] elementwise: local [2,3], no collectives."""
+    """XLA spmd_partitioner_test (uneven elementwise): f32[3,3] [2,1] elementwise: local [2,3], no collectives."""
     mesh = gp.Mesh((2, 4), ("x", "y"))
     plan = check(lambda v: jnp.exp(v) * 2.0, mesh, (rand((3, 3)),), (gp.P("x", None),), gp.P("x", None))
     assert plan.ctx.local_shape((3, 3), plan._fdims(plan.graph.outputs[0])) == (2, 3)
@@ -521,7 +521,7 @@ def test_uneven_elementwise_is_local():
 
 
 def test_uneven_reduce_all_reduce():
-    """REFERENCE 27: reduce of f32[3,3] [2,1] over dim 0 -> replicated: mask, local reduce, one all-reduce."""
+    """XLA spmd_partitioner_test (uneven reduce): reduce of f32[3,3] [2,1] over dim 0 -> replicated: mask, local reduce, one all-reduce."""
     mesh = gp.Mesh((2, 4), ("x", "y"))
     x = rand((3, 3)) + 5.0
     for red in (jnp.sum, jnp.max, jnp.min):

@@ -1,4 +1,4 @@
-"""Resharding: each path emits exactly the collective it is named after (REFERENCE 19-25,
+"""Resharding: each path emits exactly the collective it is named after (cases from XLA's spmd_partitioner_test.cc and Shardy's reshard_to_collectives tests,
 28) and moves the right values; random (source, target) pairs on every mesh, uneven
 dims included, always give the right values; partial sums are reduced once."""
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _dot_plan(mesh, a_spec, b_spec, out_spec, m=8, k=16, n=8):
 
 
 def test_contracting_sharded_replicated_output_all_reduce():
-    """REFERENCE 28: contracting dims sharded, replicated output: local dot + one all-reduce."""
+    """XLA spmd_partitioner_test (dot, contracting dims sharded): contracting dims sharded, replicated output: local dot + one all-reduce."""
     mesh = MESH_2x4()
     plan = _dot_plan(mesh, P(None, "y"), P("y", None), P(None, None))
     assert [(c.kind, c.axes) for c in plan.collectives] == [("all-reduce", ("y",))]
@@ -160,7 +160,7 @@ def test_contracting_sharded_replicated_output_all_reduce():
 
 
 def test_contracting_sharded_tiled_output_reduce_scatter():
-    """REFERENCE 28: with the output tiled on the contracting axis: one reduce-scatter, no all-reduce."""
+    """XLA spmd_partitioner_test (dot, contracting dims sharded): with the output tiled on the contracting axis: one reduce-scatter, no all-reduce."""
     mesh = MESH_2x4()
     for out in (P("y", None), P(None, "y")):
         plan = _dot_plan(mesh, P(None, "y"), P("y", None), out)

@@ -141,7 +141,7 @@ def test_save_html(plan, tmp_path):
     assert "jax.lax.with_sharding_constraint" in body and "gp.annotate" in body
     assert page.svgs >= len(plan.graph.inputs) + 3
     # the per-op table has a row per op result
-    boundary = sum(c.op == "boundary" for c in plan.collectives)
+    boundary = sum(c.op_id == -1 for c in plan.collectives)  # boundary and combined collectives
     assert len(page.tables["ops"]) - 1 == sum(len(op.outputs) for op in plan.graph.walk()) + len(plan.graph.inputs) \
         + boundary
     # the report's summary line and the per-device program

@@ -1,4 +1,4 @@
-"""Propagation tests written from published GSPMD / Shardy behaviours (REFERENCE.md 1-18).
+"""Propagation tests written from published GSPMD / Shardy behaviours (XLA's sharding_propagation_test.cc, Shardy's propagation tests).
 
 Each test plans a small function and checks the completed sharding of a tagged value,
 in Shardy's notation (``[{a}, {}]``) and, where the reference states it, GSPMD's text.
@@ -235,7 +235,7 @@ PROG = textwrap.dedent("""
     S = jax.ShapeDtypeStruct
     p = gp.spmd(f, mesh, in_shardings=(gp.P("x", None), gp.P(None, "y"), gp.P("y", None), None)).plan(
         S((8, 16), jnp.float32), S((16, 32), jnp.float32), S((32, 16), jnp.float32), S((32,), jnp.float32))
-    print(p.spmd_text()); print(p.report())
+    print(p.spmd_text()); print(p.report()); print([str(c) for c in p.collectives]); print(p.lower_text())
 """)
 
 

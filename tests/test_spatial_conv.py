@@ -85,7 +85,7 @@ def test_same_3x3_H_and_W_sharded_four_permutes():
 
 
 def test_reference_29_conv_7x7_stride2_pad3_halos_3_and_2_rows():
-    # REFERENCE 29 with a batch of 2: f32[2,224,224,3] [1,2,1,1], 7x7, stride 2, padding 3, 64 features
+    # XLA spmd_partitioner_test's strided conv with halo exchange, with a batch of 2: f32[2,224,224,3] [1,2,1,1], 7x7, stride 2, padding 3, 64 features
     mesh = gp.Mesh((2,), ("x",), devices=[0, 1])
     x, w = rand((2, 224, 224, 3)), rand((7, 7, 3, 64), seed=1) * 0.1
     plan = check(conv_fn((2, 2), ((3, 3), (3, 3))), mesh, (x, w), (gp.P(None, "x"), None), rtol=1e-4, atol=1e-4)

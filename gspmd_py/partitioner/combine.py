@@ -76,20 +76,39 @@ def _groups(jaxpr, threshold: int) -> list[_Group]:
             cand[i] = k
         for v in eqn.outvars:
             producer[v] = i
+    groups: list[_Group] = []
     open_: dict[tuple, _Group] = {}
-    done: list[_Group] = []
+
+    def feeds(a: _Group, b: _Group) -> bool:  # does some member of b depend on a member of a?
+        return any(deps[m] & a.bits for m in b.members)
+
+    def reaches(src: _Group, dst: _Group) -> bool:
+        seen, todo = {id(src)}, [src]
+        while todo:
+            g = todo.pop()
+            if g is dst:
+                return True
+            for h in groups:
+                if id(h) not in seen and feeds(g, h):
+                    seen.add(id(h))
+                    todo.append(h)
+        return False
+
     for i, k in cand.items():
         g = open_.get(k)
         n = _nbytes(jaxpr.eqns[i])
-        if g is not None and not (deps[i] & g.bits) and g.nbytes + n <= threshold:
+        # c may join g if it depends on no member of g and merging makes no cycle between
+        # merged collectives (g ->* h -> c, with c now part of g)
+        if g is not None and not (deps[i] & g.bits) and g.nbytes + n <= threshold and not any(
+                (deps[i] & h.bits) and reaches(g, h) for h in groups if h is not g):
             g.members.append(i)
             g.bits |= 1 << i
             g.nbytes += n
             continue
-        if g is not None:
-            done.append(g)
-        open_[k] = _Group(k, [i], 1 << i, n)
-    done.extend(open_.values())
+        g = _Group(k, [i], 1 << i, n)
+        open_[k] = g
+        groups.append(g)
+    done = groups
     return [g for g in done if len(g.members) > 1]
 
 

@@ -312,12 +312,3 @@ def window_geometry(n_in: int, n_out: int, k: int, window: int, stride: int, wdi
     h = index_math.window_halos(n_in, k, window, stride, wdil, pad_lo, pad_hi, ld)
     assert h["n_out"] == n_out, (h["n_out"], n_out)
     return w, T, h["in_lo"], h["in_hi"]
-
-
-def halo_widths(plan_need_lo: np.ndarray, plan_need_hi: np.ndarray, n: int, k: int) -> tuple[int, int]:
-    c = ceil_div(n, k)
-    s = np.arange(k) * c
-    e = s + c
-    left = np.where(plan_need_hi > plan_need_lo, np.maximum(0, s - plan_need_lo), 0)
-    right = np.where(plan_need_hi > plan_need_lo, np.maximum(0, plan_need_hi - e), 0)
-    return int(left.max()), int(right.max())

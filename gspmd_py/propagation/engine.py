@@ -18,7 +18,7 @@ program order, then in reverse, as Shardy's), so planning is linear in program s
 At the end every op's projection is recorded (``Propagation.projections``): the
 partitioner executes it and the cost model prices it.
 
-Worked example (REFERENCE 13 of the tests): add(a `[{},{y}]`, b `[{x},{}]`) -> factor i:
+Worked example (XLA's sharding_propagation_test, partial shardings merge): add(a `[{},{y}]`, b `[{x},{}]`) -> factor i:
 {x}, factor j: {y} -> result `[{x},{y}]`.
 """
 from __future__ import annotations
