@@ -47,7 +47,7 @@ Dims = tuple  # per tensor dim: a tuple of AxisRefs
 def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
                out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
-               boundary: bool = False) -> Plan:
+               boundary: bool = False, combine_threshold_bytes: Optional[int] = None) -> Plan:
     """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops are the annotations; ``in_dims``
     seeds the inputs themselves (in_shardings, or the layouts inputs arrive in; ``in_labels`` say
     which, for ``plan.explain``).
@@ -89,7 +89,9 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     if out_tree is None:
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     with outside_user_mesh(), own_mesh():
-        return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums))
+        extra = {} if combine_threshold_bytes is None else {"combine_threshold_bytes": combine_threshold_bytes}
+        return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
+                    **extra)
 
 
 def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:
@@ -152,10 +154,17 @@ class Spmd:
     """A function partitioned by gspmd_py (see ``spmd``)."""
 
     def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None, *,
-                 static_argnums=(), static_argnames=(), donate_argnums=()):
+                 static_argnums=(), static_argnames=(), donate_argnums=(),
+                 combine_threshold_bytes: Optional[int] = None):
         if not isinstance(mesh, Mesh):
             raise ShardingError(f"gp.spmd needs a gp.Mesh, got {type(mesh).__name__}")
+        if combine_threshold_bytes is not None and (not isinstance(combine_threshold_bytes, int)
+                                                    or isinstance(combine_threshold_bytes, bool)
+                                                    or combine_threshold_bytes < 0):
+            raise ShardingError(f"gp.spmd: combine_threshold_bytes must be a non-negative int (0: never combine), "
+                                f"got {combine_threshold_bytes!r}")
         self.fn, self.mesh = fn, mesh
+        self.combine_threshold_bytes = combine_threshold_bytes
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
         self._entries: dict[Any, _Entry] = {}
@@ -237,8 +246,9 @@ class Spmd:
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
                           in_dims=in_dims, in_labels=labels,
                           out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
-                          donate_argnums=donate, boundary=True)
-        return _Entry(closed, plan, SpmdParams(mesh, name, plan=plan), out_tree, donate, closure)
+                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes)
+        params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes)
+        return _Entry(closed, plan, params, out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
         """Per dynamic leaf, the canonical dims of its in_sharding (None: open). in_shardings covers
@@ -270,10 +280,12 @@ def _type_str(a) -> str:
 
 
 def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,
-         static_argnums=(), static_argnames=(), donate_argnums=()):
+         static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None):
     """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``.
 
     ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
+    ``combine_threshold_bytes``: independent collectives of one kind over the same axes are
+    issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
     """
     if fn is not None and not callable(fn):
         if isinstance(fn, Mesh) and mesh is None:
@@ -282,7 +294,8 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
             raise ShardingError(f"gp.spmd: first argument must be the function, got {type(fn).__name__}")
     if mesh is None:
         raise ShardingError("gp.spmd needs mesh=gp.Mesh(...)")
-    kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums)
+    kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
+              combine_threshold_bytes=combine_threshold_bytes)
     if fn is None:
         return lambda f: Spmd(f, mesh, in_shardings, out_shardings, **kw)
     return Spmd(fn, mesh, in_shardings, out_shardings, **kw)

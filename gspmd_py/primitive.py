@@ -56,10 +56,11 @@ class SpmdParams:
     derived: bool = False  # a transformation of the user's program (jvp, transpose, vmap, split)
     in_hints: Optional[tuple] = None  # per input: canonical dims (tuples of AxisRefs) or None
     plan: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
+    combine_threshold_bytes: Optional[int] = None  # the combiner's group size limit (None: its default)
 
     def derive(self, in_hints: Optional[Sequence] = None) -> "SpmdParams":
         hints = None if in_hints is None or all(h is None for h in in_hints) else tuple(in_hints)
-        return SpmdParams(self.mesh, self.name, True, hints)
+        return SpmdParams(self.mesh, self.name, True, hints, combine_threshold_bytes=self.combine_threshold_bytes)
 
     def hints(self, n: int) -> list:
         return list(self.in_hints) if self.in_hints is not None else [None] * n
@@ -118,7 +119,8 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
 
     n = len(jaxpr.in_avals)
     return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""),
-                      in_dims=spmd.hints(n), in_labels=[f"the layout input {i} arrives in" for i in range(n)])
+                      in_dims=spmd.hints(n), in_labels=[f"the layout input {i} arrives in" for i in range(n)],
+                      combine_threshold_bytes=spmd.combine_threshold_bytes)
 
 
 def out_layouts(plan) -> list:

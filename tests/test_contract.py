@@ -168,3 +168,21 @@ def test_a_max_over_a_sharded_dim_is_a_max_all_reduce():
     plan = f.plan(x)
     assert [(c.kind, c.reduce) for c in plan.collectives] == [("all-reduce", "max")]
     assert_same(f(x), jnp.max(jnp.asarray(x), axis=1))  # NaN survives the all-reduce
+
+
+def test_combine_threshold_bytes_limits_the_combiner():
+    mesh = mesh_of(1)
+
+    def grads(a, b, c):  # three independent data-parallel sums
+        return a.sum(0), b.sum(0), c.sum(0)
+
+    args = [rand((8, 16), seed=i) for i in range(3)]
+    specs = (gp.P("x", None),) * 3
+    plan = gp.spmd(grads, mesh, in_shardings=specs).plan(*args)
+    assert [(c.kind, c.tensors) for c in plan.collectives] == [("all-reduce", 3)]
+    plan = gp.spmd(grads, mesh, in_shardings=specs, combine_threshold_bytes=0).plan(*args)
+    assert [(c.kind, c.tensors) for c in plan.collectives] == [("all-reduce", 1)] * 3
+    plan = gp.spmd(grads, mesh, in_shardings=specs, combine_threshold_bytes=128).plan(*args)
+    assert [c.tensors for c in plan.collectives] == [2, 1]  # 64 bytes each
+    with pytest.raises(gp.ShardingError, match="combine_threshold_bytes"):
+        gp.spmd(grads, mesh, combine_threshold_bytes=-1)
