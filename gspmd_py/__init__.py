@@ -14,12 +14,14 @@ from .annotate import annotate, mesh_split, tag
 from .api import Plan, Spmd, spmd
 from .rules import Rules, rules
 from .partitioner.context import Collective
+from .cost import Cost, Hardware, Link
 from . import distributed
 from .distributed import to_host
 from .plancheck import ProgramMismatchError
 
 __all__ = [
-    "AnnotationError", "ArgumentError", "AxisRef", "Collective", "Plan", "ProgramMismatchError", "Rules",
+    "AnnotationError", "ArgumentError", "AxisRef", "Collective", "Cost", "Hardware", "Link", "Plan",
+    "ProgramMismatchError", "Rules",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
     "ShardingError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",

@@ -125,6 +125,14 @@ class Plan:
         """StableHLO of the SPMD program (works on abstract meshes too)."""
         return self._traced.lower(lowering_platforms=("cpu",)).as_text()
 
+    def cost(self, hardware, *, donate=None, overlap: bool = False, while_trips: int = 1):
+        """Predicted step time, memory and traffic per device on ``hardware`` (a gp.Hardware):
+        a gp.Cost (see gspmd_py/cost/model.py). ``donate``: flat input indices whose buffers
+        may be reused (default: the plan's donated inputs)."""
+        from .cost import cost
+
+        return cost(self, hardware, donate=donate, overlap=overlap, while_trips=while_trips)
+
     def report(self) -> str:
         """Per-op table: global/local shapes, shardings, collectives; fallbacks and notes."""
         from .report import report

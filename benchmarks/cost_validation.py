@@ -1,0 +1,135 @@
+"""Predicted vs measured step time of 15 shardings of the reference programs on 8 CPU devices.
+
+    python benchmarks/cost_validation.py [--rounds 9] [--png cost_validation.png]
+
+Every config (benchmarks/cost_programs.py) is planned, compiled and given its inputs once.
+Then ``--rounds`` rounds each run every calibration probe of ``gp.Hardware.calibrate``
+(gspmd_py/cost/calibrate.py) once and every config once, so that the machine's load
+(shared cores) hits the calibration and the programs alike; the medians count. The
+hardware fitted from the probes prices every plan (``plan.cost(hw)``); the script prints
+measured and predicted times, Spearman's rank correlation, the median relative error and
+the machine's load average, and plots predicted vs measured (needs matplotlib).
+Targets (issue 11): Spearman >= 0.8, median relative error <= 30%.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import gspmd_py as gp  # noqa: E402
+from gspmd_py.cost.calibrate import Calibrator  # noqa: E402
+from cost_programs import CONFIGS, build  # noqa: E402
+
+
+def spearman(a, b) -> float:
+    ra, rb = _ranks(np.asarray(a)), _ranks(np.asarray(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x))
+    for v in np.unique(x):  # ties share their mean rank
+        r[x == v] = r[x == v].mean()
+    return r
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--png", default="cost_validation.png")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore", gp.PartitionWarning)
+    load0 = os.getloadavg()
+    t_start = time.time()
+    runs = []
+    for cfg in CONFIGS:
+        plan, np_args = build(cfg)
+        exe = plan.compiled()
+        placed = plan.place(jax.tree_util.tree_leaves(np_args))
+        jax.block_until_ready(exe(*placed))  # warm-up
+        runs.append((cfg, plan, exe, placed, []))
+    cal = Calibrator(gp.Mesh((2, 4), ("x", "y")))
+    cal.sample()
+    for pr in cal.probes:
+        pr.times.clear()
+    for r in range(args.rounds):
+        cal.sample()
+        for k in range(len(runs)):  # rotate the starting config from round to round
+            cfg, plan, exe, placed, times = runs[(k + r) % len(runs)]
+            t0 = time.perf_counter()
+            jax.block_until_ready(exe(*placed))
+            times.append(time.perf_counter() - t0)
+    hw = cal.fit("this host")
+    load1 = os.getloadavg()
+    meas, pred, rows = [], [], []
+    for cfg, plan, exe, placed, times in runs:
+        c = plan.cost(hw)
+        m = float(np.median(times))
+        meas.append(m)
+        pred.append(c.step_s)
+        rows.append((cfg.name, m, c.step_s, c.compute_s, c.comm_s, len(plan.collectives),
+                     float(np.percentile(times, 25)), float(np.percentile(times, 75))))
+    meas, pred = np.asarray(meas), np.asarray(pred)
+    rel = np.abs(pred - meas) / meas
+    rho = spearman(pred, meas)
+    print(f"hardware fitted from the probes: {_hw_line(hw)}")
+    print(f"{'config':40s} {'measured ms (IQR)':>22s} {'predicted':>10s} {'compute':>8s} {'comm':>7s} "
+          f"{'colls':>5s} {'pred/meas':>9s}")
+    for (name, m, p, cs, cm, nc, q1, q3), e in zip(rows, pred / meas):
+        print(f"{name:40s} {m * 1e3:8.1f} ({q1 * 1e3:5.1f}-{q3 * 1e3:5.1f}) {p * 1e3:10.1f} {cs * 1e3:8.1f} "
+              f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f}")
+    print(f"Spearman rank correlation {rho:.3f} (target >= 0.8); median relative error "
+          f"{100 * float(np.median(rel)):.1f}% (target <= 30%); {len(rows)} configs, {args.rounds} rounds, "
+          f"{time.time() - t_start:.0f} s; load average {load0[0]:.1f} before, {load1[0]:.1f} after "
+          f"({os.cpu_count()} cores)")
+    _plot(args.png, rows, rho, float(np.median(rel)))
+    return {"spearman": rho, "median_rel_err": float(np.median(rel)), "rows": rows}
+
+
+def _hw_line(hw) -> str:
+    links = ", ".join(f"{a}: alpha {lk.alpha * 1e6:.0f} us, beta {lk.beta / 1e9:.2f} GB/s" for a, lk in hw.topology.links)
+    return (f"matmul {hw.peak('float32') / 1e9:.2f} GFLOP/s, vector {hw.vector_flops / 1e9:.2f} GFLOP/s, "
+            f"memory {hw.mem_bandwidth / 1e9:.2f} GB/s, tanh = {hw.transcendental_flops:.0f} FLOPs, conv at {100 * hw.conv_efficiency:.0f}%, "
+            f"kernel {hw.op_overhead * 1e6:.0f} us, step {hw.step_overhead * 1e6:.0f} us; {links}")
+
+
+def _plot(path: str, rows, rho: float, med: float) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return
+    m = np.array([r[1] for r in rows]) * 1e3
+    p = np.array([r[2] for r in rows]) * 1e3
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    ax.loglog(m, p, "o")
+    for (name, *_), x, y in zip(rows, m, p):
+        ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    lo, hi = min(m.min(), p.min()) / 1.5, max(m.max(), p.max()) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="predicted = measured")
+    ax.fill_between([lo, hi], [lo / 1.3, hi / 1.3], [lo * 1.3, hi * 1.3], color="0.9", label="±30%")
+    ax.set_xlabel("measured step time (ms, median)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title(f"gspmd_py cost model, 8 CPU devices: Spearman {rho:.2f}, median error {100 * med:.0f}%", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""``gp.Hardware.calibrate(mesh)``: measure this machine, over ``mesh``'s devices, in a few seconds.
+
+Every probe runs one small program on all devices of the mesh at once (``jax.shard_map``),
+so the rates are what each device gets while all of them work, as in a real step (on a
+CPU host, 8 "devices" share the host's cores):
+
+* per-step overhead: a program that does nothing (launching the devices' programs);
+  every other probe's time is taken net of it;
+* matmul FLOP/s: f32 matmuls of a few typical shapes per device (total FLOPs / total
+  time); a 3x3 conv's rate as a fraction of it; per-kernel overhead: a chain of 8 tiny
+  dependent matmuls;
+* memory bandwidth: ``x * a + y[::-1]`` over a 4 MiB f32 vector per device (12 bytes per
+  element); vector FLOP/s: a fused chain of 32 multiply-adds per element; transcendental
+  cost: ``tanh`` per element, in vector FLOPs;
+* per mesh axis, each collective (all-gather, reduce-scatter, all-reduce, all-to-all,
+  collective-permute) at a few sizes, 8 times in a chain (the launch is paid once); alpha and beta are fitted by non-negative least
+  squares on relative error (each row divided by its time) to the formulas the model
+  prices with (collectives.py): ``t = a_k(p) * alpha + b_k(p, n) / beta``, over all kinds
+  (the link's alpha and beta) and for each kind on its own (``Link.per_kind``: a CPU
+  host's all-to-all, for one, is far slower than its all-gather at equal bytes).
+
+Each probe is compiled once; ``reps`` rounds run every probe once each (round-robin, so a
+change of machine load hits every probe alike) and the median per probe counts.
+``Calibrator`` exposes the rounds so that a benchmark can interleave them with its own
+measurements (benchmarks/cost_validation.py does).
+
+    >>> hw = gp.Hardware.calibrate(gp.Mesh((2, 4), ("x", "y")))      # doctest: +SKIP
+    >>> hw.topology.link("y")                                           # doctest: +SKIP
+    Link(alpha=0.00012, beta=1.5e9, name='y', all_to_all='switch')
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional, Sequence
+
+import attrs
+import numpy as np
+
+from ..errors import ShardingError
+from ..mesh import Mesh
+from .collectives import collective_time
+from .hardware import Hardware, Level, Link, PerAxis
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+MATMULS = ((64, 256, 256), (128, 512, 512), (256, 512, 1024))
+ELEMS = 2 ** 20  # f32 elements per device for the memory / vector probes (4 MiB)
+REPEAT = 8  # a collective probe runs its collective this many times in a chain
+
+
+@attrs.define
+class Probe:
+    name: str
+    fn: Callable
+    args: tuple
+    info: tuple = ()
+    times: list = attrs.Factory(list)
+
+    def run(self) -> float:
+        import jax
+
+        t0 = time.perf_counter()
+        jax.block_until_ready(self.fn(*self.args))
+        t = time.perf_counter() - t0
+        self.times.append(t)
+        return t
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.times))
+
+
+class Calibrator:
+    """The probes of one mesh, compiled; ``sample()`` runs a round, ``fit()`` makes the Hardware."""
+
+    def __init__(self, mesh: Mesh, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21)):
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+        from jax.sharding import Mesh as JMesh, NamedSharding, PartitionSpec as JP
+
+        if mesh.is_abstract:
+            raise ShardingError(f"{mesh} is abstract: calibration needs devices to run on")
+        self.mesh = mesh
+        jm = JMesh(mesh.jax_devices(), mesh.axis_names)
+        every = JP(tuple(mesh.axis_names))
+        d = mesh.size
+
+        def probe(name, body, *local_shapes, info=()):
+            fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=(every,) * len(local_shapes), out_specs=every,
+                                       check_vma=False))
+            args = tuple(jax.device_put(jnp.full((d * s[0],) + tuple(s[1:]), 0.5, jnp.float32),
+                                        NamedSharding(jm, every)) for s in local_shapes)
+            fn = fn.lower(*args).compile()
+            return Probe(name, fn, args, info)
+
+        def chain(a):
+            for _ in range(32):
+                a = a * 0.999 + 0.001
+            return a
+
+        def tiny_chain(a):
+            for _ in range(REPEAT):
+                a = a @ a
+            return a
+
+        self.probes: list[Probe] = [probe("noop", lambda a: a + 1, (1,))]
+        for m, k, n in MATMULS:
+            self.probes.append(probe("matmul", lambda a, b: a @ b, (m, k), (k, n), info=(2 * m * k * n,)))
+        dn = ("NHWC", "HWIO", "NHWC")
+        conv = lambda x, w: lax.conv_general_dilated(x, w[:3, :3, :16, :32], (1, 1), "SAME", dimension_numbers=dn)
+        self.probes.append(probe("conv", conv, (8, 32, 32, 16), (3, 3, 16, 32), info=(2 * 8 * 32 * 32 * 9 * 16 * 32,)))
+        self.probes.append(probe("tiny", tiny_chain, (16, 16), info=(REPEAT * 2 * 16 ** 3,)))
+        self.probes.append(probe("memory", lambda a: a * 1.5 + a[::-1], (ELEMS,)))
+        self.probes.append(probe("vector", chain, (ELEMS,)))
+        self.probes.append(probe("tanh", jnp.tanh, (ELEMS,)))
+        for axis, p in zip(mesh.axis_names, mesh.shape):
+            if p == 1:
+                continue
+            for kind in KINDS:
+                for b in sizes:
+                    n = max(p, b // 4 // p * p)  # f32 elements per device, divisible by p
+                    self.probes.append(probe(f"{kind}:{axis}", _collective(kind, axis, p, lax, jnp), (n,),
+                                             info=(axis, p, kind, 4 * n)))
+
+    def sample(self) -> None:
+        for pr in self.probes:
+            pr.run()
+
+    def fit(self, name: str = "calibrated") -> Hardware:
+        med = {}
+        for pr in self.probes:
+            med.setdefault(pr.name, []).append(pr)
+        t0 = med["noop"][0].median
+        net = lambda pr: max(pr.median - t0, 1e-7)
+        flops = sum(pr.info[0] for pr in med["matmul"])
+        rate = flops / sum(net(pr) for pr in med["matmul"])
+        conv = med["conv"][0]
+        conv_eff = min(1.0, conv.info[0] / net(conv) / rate)
+        tiny = med["tiny"][0]
+        overhead = max(0.0, (net(tiny) - tiny.info[0] / rate) / REPEAT)
+        bandwidth = 12 * ELEMS / max(net(med["memory"][0]) - overhead, 1e-7)
+        vector = 64 * ELEMS / max(net(med["vector"][0]) - overhead, 1e-7)
+        trans = max(1.0, (net(med["tanh"][0]) - overhead) * vector / ELEMS)
+        links = []
+        for axis, p in zip(self.mesh.axis_names, self.mesh.shape):
+            if p == 1:
+                continue
+            rows, ts, kinds = [], [], []
+            for kind in KINDS:
+                for pr in med.get(f"{kind}:{axis}", []):
+                    nb = pr.info[3]
+                    rows.append((collective_time(kind, nb, [Level(p, Link(1.0, float("inf")))]),
+                                 collective_time(kind, nb, [Level(p, Link(0.0, 1.0))])))
+                    ts.append(net(pr) / REPEAT)
+                    kinds.append(kind)
+            rows_a, ts_a, kinds_a = np.asarray(rows), np.asarray(ts), np.asarray(kinds)
+            alpha, inv_beta = _fit(rows_a, ts_a)
+            per_kind = []
+            for kind in KINDS:
+                sel = kinds_a == kind
+                if sel.sum() >= 2:
+                    a, ib = _fit(rows_a[sel], ts_a[sel])
+                    per_kind.append((kind, a, 1.0 / ib))
+            links.append((axis, Link(alpha, 1.0 / inv_beta, axis, per_kind=tuple(per_kind))))
+        platform = self.mesh.jax_devices().reshape(-1)[0].platform
+        mem = _host_memory() / self.mesh.size if platform == "cpu" else float(16 * 2 ** 30)
+        return Hardware(
+            f"{name} ({platform}, {self.mesh.size} devices)", (("float32", rate),), vector_flops=vector,
+            mem_bandwidth=bandwidth, mem_capacity=mem,
+            topology=PerAxis(tuple(links), links[-1][1] if links else Link(0.0, 1e12)),
+            transcendental_flops=trans, conv_efficiency=conv_eff, op_overhead=overhead, step_overhead=t0,
+        )
+
+
+def calibrate(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
+              name: str = "calibrated") -> Hardware:
+    cal = Calibrator(mesh, sizes)
+    cal.sample()  # warm-up round, not counted
+    for pr in cal.probes:
+        pr.times.clear()
+    for _ in range(reps):
+        cal.sample()
+    return cal.fit(name)
+
+
+def _host_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float(16 * 2 ** 30)
+
+
+def _collective(kind: str, axis: str, p: int, lax, jnp) -> Callable:
+    """REPEAT dependent collectives of ``kind`` (the program's launch is paid once)."""
+    if kind == "all-gather":
+        one = lambda a: lax.all_gather(a, axis, tiled=True)[: a.shape[0]]
+    elif kind == "reduce-scatter":
+        one = lambda a: jnp.tile(lax.psum_scatter(a, axis, tiled=True), p)
+    elif kind == "all-reduce":
+        one = lambda a: lax.psum(a, axis)
+    elif kind == "all-to-all":
+        one = lambda a: lax.all_to_all(a, axis, 0, 0, tiled=True)
+    else:
+        one = lambda a: lax.ppermute(a, axis, [(i, (i + 1) % p) for i in range(p)])
+
+    def body(a):
+        for _ in range(REPEAT):
+            a = one(a)
+        return a
+
+    return body
+
+
+def _fit(rows: np.ndarray, ts: np.ndarray) -> tuple[float, float]:
+    """Non-negative least squares of ``ts ~ rows @ (alpha, 1/beta)``, relative error."""
+    w = 1.0 / np.maximum(ts, 1e-12)
+    a, b = rows * w[:, None], ts * w
+    best: Optional[tuple[float, np.ndarray]] = None
+    for cols in ((0, 1), (0,), (1,)):
+        sol = np.zeros(2)
+        x, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if np.any(x < 0):
+            continue
+        sol[list(cols)] = x
+        err = float(np.sum((a @ sol - b) ** 2))
+        if best is None or err < best[0]:
+            best = (err, sol)
+    sol = best[1] if best else np.array([0.0, 1e-9])
+    return float(sol[0]), float(max(sol[1], 1e-15))

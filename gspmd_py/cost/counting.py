@@ -1,0 +1,166 @@
+"""FLOPs and bytes of one equation of the per-device program (local shapes).
+
+FLOPs (multiply and add count 2, as XLA's HloCostAnalysis does):
+
+* ``dot_general``: ``2 * batch * lhs_free * rhs_free * contracting``
+* ``conv_general_dilated``: ``2 * N_out * C_out * C_in_per_group * taps``, ``taps`` the
+  product over spatial dims of the kernel positions that land on real input (not on
+  padding or on the holes of lhs dilation), counted exactly per output position
+* elementwise ops: 1 per output element (and 1 transcendental for exp, log, tanh, ...);
+  reductions 1 per input element; sort ``n log2(len)``; windowed reductions
+  ``out * window``; data movement (reshape, transpose, slice, gather, ...) 0.
+
+Bytes: what an equation reads and writes under XLA-style loop fusion (``materialized``):
+a value produced by a fusible op (elementwise, broadcast, layout) and consumed only by
+fusible ops (or reductions) never reaches memory; everything else does. ``reshape``-like
+ops and identities alias their operand (no bytes, no buffer).
+
+    >>> import jax, jax.numpy as jnp
+    >>> j = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b) + 1)(jnp.ones((8, 16)), jnp.ones((16, 4))).jaxpr
+    >>> [eqn_flops(e) for e in j.eqns]        # dot 2*8*16*4, tanh 32 (+32 transcendental), add 32
+    [(1024, 0), (32, 32), (32, 0)]
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+
+ELEMENTWISE = frozenset("""
+abs acos acosh add add_any and asin asinh atan atan2 atanh bitcast_convert_type cbrt ceil clamp
+complex conj convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2
+expm1 floor ge gt igamma imag integer_pow is_finite le lgamma log log1p logistic lt max min mul
+ne neg nextafter not or population_count clz pow real reduce_precision rem round rsqrt select_n
+shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan tanh xor
+square erf_inv random_wrap random_unwrap
+""".split())
+TRANSCENDENTAL = frozenset("""
+acos acosh asin asinh atan atan2 atanh cbrt cos cosh digamma erf erf_inv erfc exp exp2 expm1
+igamma lgamma log log1p logistic pow rsqrt sin sinh sqrt tan tanh
+""".split())
+LAYOUT = frozenset("""
+broadcast_in_dim transpose slice rev pad concatenate iota dynamic_slice select_n squeeze
+expand_dims reshape
+""".split())
+REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor "
+                       "argmax argmin".split())
+# the output is the operand's buffer: no bytes, no new buffer
+ALIAS = frozenset("reshape squeeze expand_dims gspmd_annotate gspmd_tag optimization_barrier "
+                  "stop_gradient".split())
+CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
+COLLECTIVES = frozenset("psum pmax pmin all_gather reduce_scatter psum_scatter all_to_all ppermute".split())
+FREE = frozenset("axis_index".split())
+
+
+def nbytes(aval) -> int:
+    try:
+        item = np.dtype(aval.dtype).itemsize
+    except TypeError:  # extended dtypes (PRNG keys)
+        item = getattr(aval.dtype, "itemsize", 8)
+    return int(np.prod(aval.shape, dtype=np.int64)) * item
+
+
+def size(aval) -> int:
+    return int(np.prod(getattr(aval, "shape", ()), dtype=np.int64))
+
+
+def is_alias(eqn) -> bool:
+    name = eqn.primitive.name
+    if name in ALIAS:
+        return True
+    if name == "convert_element_type":
+        return eqn.invars[0].aval.dtype == eqn.outvars[0].aval.dtype
+    return False
+
+
+def fusible_producer(eqn) -> bool:
+    n = eqn.primitive.name
+    return n in ELEMENTWISE or n in LAYOUT or n == "random_bits" or n == "threefry2x32"
+
+
+def fusible_consumer(eqn) -> bool:
+    return fusible_producer(eqn) or eqn.primitive.name in REDUCTIONS
+
+
+def eqn_flops(eqn) -> tuple[int, int]:
+    """(FLOPs, transcendental elements) of one equation, without its sub-jaxprs."""
+    name = eqn.primitive.name
+    p = eqn.params
+    outs = [v.aval for v in eqn.outvars]
+    if name == "dot_general":
+        (lc, rc), (lb, rb) = p["dimension_numbers"]
+        la, ra = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+        batch = _prod(la[d] for d in lb)
+        contract = _prod(la[d] for d in lc)
+        lfree = _prod(la[d] for d in range(len(la)) if d not in lc and d not in lb)
+        rfree = _prod(ra[d] for d in range(len(ra)) if d not in rc and d not in rb)
+        return 2 * batch * lfree * rfree * contract, 0
+    if name == "conv_general_dilated":
+        return conv_flops(eqn), 0
+    if name in FREE or is_alias(eqn) or name in COLLECTIVES:
+        return 0, 0
+    if name in ELEMENTWISE:
+        n = sum(size(a) for a in outs)
+        return n, (n if name in TRANSCENDENTAL else 0)
+    if name in LAYOUT or name in ("gather", "dynamic_update_slice", "copy", "device_put"):
+        return 0, 0
+    if name in REDUCTIONS:
+        return sum(size(v.aval) for v in eqn.invars), 0
+    if name in CUMULATIVE:
+        return size(eqn.invars[0].aval), (size(eqn.invars[0].aval) if name == "cumlogsumexp" else 0)
+    if name == "sort":
+        a = eqn.invars[0].aval
+        dim = a.shape[p.get("dimension", -1)] if a.shape else 1
+        return size(a) * max(1, math.ceil(math.log2(max(dim, 2)))) * len(eqn.invars), 0
+    if name == "top_k":
+        a = eqn.invars[0].aval
+        return size(a) * max(1, math.ceil(math.log2(max(p.get("k", 1), 2)))), 0
+    if name.startswith("scatter"):
+        return size(eqn.invars[2].aval) if len(eqn.invars) > 2 else 0, 0
+    if name.startswith("reduce_window") or name == "select_and_gather_add":
+        window = _prod(p.get("window_dimensions", ()))
+        return sum(size(a) for a in outs) * window, 0
+    if name == "select_and_scatter_add":
+        window = _prod(p.get("window_dimensions", ()))
+        return size(eqn.invars[0].aval) * window, 0
+    # unknown: one op per output element
+    return sum(size(a) for a in outs), 0
+
+
+def conv_flops(eqn) -> int:
+    """Exact multiply-adds x 2 of a conv_general_dilated: only taps that land on real input."""
+    p = eqn.params
+    lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    out = eqn.outvars[0].aval.shape
+    dn = p["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    n_out, c_out = out[out_spec[0]], out[out_spec[1]]
+    c_in = rhs[rhs_spec[1]]  # input features per group
+    taps = 1
+    strides = p["window_strides"]
+    pads = p["padding"]
+    lhs_dil = p.get("lhs_dilation") or (1,) * len(strides)
+    rhs_dil = p.get("rhs_dilation") or (1,) * len(strides)
+    for i in range(len(strides)):
+        taps *= valid_taps(lhs[lhs_spec[2 + i]], rhs[rhs_spec[2 + i]], out[out_spec[2 + i]], strides[i],
+                           pads[i][0], lhs_dil[i], rhs_dil[i])
+    return 2 * n_out * c_out * c_in * taps
+
+
+def valid_taps(n_in: int, k: int, n_out: int, stride: int, pad_lo: int, lhs_dil: int, rhs_dil: int) -> int:
+    """Sum over output positions of the kernel taps that read a real input element."""
+    if n_in == 0 or k == 0 or n_out == 0:
+        return 0
+    o = np.arange(n_out, dtype=np.int64)[:, None]
+    t = np.arange(k, dtype=np.int64)[None, :]
+    pos = o * stride + t * rhs_dil - pad_lo  # position in the lhs-dilated input
+    ok = (pos >= 0) & (pos <= (n_in - 1) * lhs_dil) & (pos % lhs_dil == 0)
+    return int(ok.sum())
+
+
+def _prod(xs: Iterable[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out

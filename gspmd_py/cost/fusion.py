@@ -1,0 +1,93 @@
+"""Which values of a jaxpr reach memory, under XLA-style loop fusion.
+
+XLA fuses chains of elementwise and layout ops (and the producers of a reduction) into
+one kernel: their intermediates live in registers, not in memory. The per-device program
+is a jaxpr, so the cost model decides it the same way for every equation:
+
+* a value *aliases* its operand when its op is an identity or a reshape (the same buffer);
+* a buffer is *materialized* unless it is produced by a fusible op and every consumer (of
+  it or of its aliases) is a fusible op or a reduction, and it is not an output.
+
+    >>> import jax, jax.numpy as jnp
+    >>> j = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b).sum())(jnp.ones((8, 16)), jnp.ones((16, 4))).jaxpr
+    >>> f = Fusion(j)
+    >>> [f.materialized(e.outvars[0]) for e in j.eqns]     # dot, tanh (fused into the sum), sum
+    [True, False, True]
+"""
+from __future__ import annotations
+
+from jax.extend.core import Literal
+
+from .counting import fusible_consumer, fusible_producer, is_alias, nbytes
+
+
+class Fusion:
+    """Buffers of one jaxpr: ``root(v)`` (the buffer v lives in), ``materialized(v)``."""
+
+    def __init__(self, jaxpr):
+        self.jaxpr = jaxpr
+        self._root: dict = {}
+        self._producer: dict = {}
+        consumers: dict = {}
+        for eqn in jaxpr.eqns:
+            alias = is_alias(eqn) and len(eqn.invars) >= 1 and not isinstance(eqn.invars[0], Literal)
+            for k, v in enumerate(eqn.outvars):
+                self._producer[v] = eqn
+                if alias and k < len(eqn.invars):
+                    self._root[v] = self.root(eqn.invars[k])
+            if not alias:
+                for v in eqn.invars:
+                    if not isinstance(v, Literal):
+                        consumers.setdefault(self.root(v), []).append(eqn)
+        self._mat: dict = {}
+        boundary = {self.root(v) for v in jaxpr.outvars if not isinstance(v, Literal)}
+        boundary |= set(jaxpr.invars) | set(jaxpr.constvars)
+        for eqn in jaxpr.eqns:
+            for v in eqn.outvars:
+                r = self.root(v)
+                if r is not v:
+                    continue
+                fused = (fusible_producer(eqn) and r not in boundary
+                         and all(fusible_consumer(c) for c in consumers.get(r, ())))
+                self._mat[r] = not fused
+        self.consumers = consumers
+
+    def root(self, v):
+        return self._root.get(v, v)
+
+    def producer(self, v):
+        return self._producer.get(v)
+
+    def materialized(self, v) -> bool:
+        if isinstance(v, Literal):
+            return False
+        return self._mat.get(self.root(v), True)
+
+    def read_bytes(self, eqn) -> int:
+        """Bytes an equation reads from memory (its materialized operands)."""
+        name = eqn.primitive.name
+        if name == "dynamic_update_slice":
+            return nbytes(eqn.invars[1].aval)
+        if name.startswith("scatter"):
+            return sum(nbytes(v.aval) for v in eqn.invars[1:]) + nbytes(eqn.invars[2].aval)
+        out = sum(nbytes(v.aval) for v in eqn.outvars)
+        total = 0
+        for k, v in enumerate(eqn.invars):
+            if not self.materialized(v):
+                continue
+            b = nbytes(v.aval)
+            if name in ("gather", "dynamic_slice", "slice") and k == 0:
+                b = min(b, out)  # reads only the window it takes
+            total += b
+        return total
+
+    def write_bytes(self, eqn) -> int:
+        name = eqn.primitive.name
+        if name == "dynamic_update_slice" or name.startswith("scatter"):
+            upd = eqn.invars[1] if name == "dynamic_update_slice" else eqn.invars[2]
+            return nbytes(upd.aval)  # in place
+        return sum(nbytes(v.aval) for v in eqn.outvars if self.materialized(v) and self.root(v) is v)
+
+    def launches(self, eqn) -> int:
+        """Kernels this equation launches: one per materialized result (a fusion's root)."""
+        return int(any(self.materialized(v) and self.root(v) is v for v in eqn.outvars))

@@ -1,0 +1,298 @@
+"""``gp.Hardware``: what one device computes and moves per second, and the links between devices.
+
+A Hardware is a value: peak matmul FLOP/s per dtype, a vector (non-matmul) rate, memory
+bandwidth and capacity per device, and a *topology* that turns any group of devices a
+collective runs over into link levels, each ``(p, Link)``: ``p`` devices of the group
+communicate over ``link`` (latency ``alpha`` s per message step, bandwidth ``beta`` bytes/s
+that each device moves). Collectives are priced over those levels (collectives.py).
+
+How a preset maps mesh axes to links: by the device ids of the mesh (``gp.Mesh`` ids; an
+abstract mesh is numbered 0..n-1 row-major). For a collective over some mesh axes, the
+devices that share the other coordinates form its group; the group's ids decide the links:
+
+* ``"a100-node"`` / ``"h100-node"``: 8 GPUs per node on NVSwitch (device id // 8 is the
+  node). A group inside one node uses NVLink; a group with one device per node uses the
+  network; a group spanning ``p_out`` nodes with ``p_in`` devices in each is hierarchical
+  (NVLink level of p_in, then network level of p_out)::
+
+      >>> hw = Hardware.preset("h100-node")
+      >>> mesh = Mesh.abstract((16, 8), ("data", "model"))
+      >>> [(lv.p, lv.link.name) for lv in hw.levels(mesh, ("model",))]
+      [(8, 'nvlink')]
+      >>> [(lv.p, lv.link.name) for lv in hw.levels(mesh, ("data",))]
+      [(16, 'network')]
+      >>> [(lv.p, lv.link.name) for lv in hw.levels(Mesh.abstract((8, 16), ("a", "b")), ("b",))]
+      [(8, 'nvlink'), (2, 'network')]
+
+* ``"tpu-v3"`` (one device = one core; 2 cores per chip) / ``"tpu-v4"`` (one device = one
+  chip): chips (id // cores_per_chip) fill a 2D (v3) or 3D (v4) torus in id order, x
+  fastest; the torus shape is the most nearly square (cubic) one for the chip count
+  (64 chips: 8x8; 1024: 32x32). A group's cores on one chip form an on-chip level; its
+  chips form one ring level per torus dimension they span (bidirectional rings: each
+  device moves 2 links' worth, shared by the cores of a chip).
+* ``Hardware.calibrate(mesh)``: one measured link per mesh axis (``PerAxis``).
+
+Levels are ordered fastest first: a multi-level collective is done in phases (reduce-scatter
+on the fastest level first, so the slow levels carry the least data).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Mapping, Optional, Sequence, Union
+
+import attrs
+import numpy as np
+
+from ..errors import ShardingError
+from ..mesh import Mesh
+
+GiB = 2 ** 30
+
+
+@attrs.frozen
+class Link:
+    """One kind of link: ``alpha`` seconds per message step, ``beta`` bytes/s moved by each device.
+
+    ``all_to_all``: "switch" (full bisection: each device sends its (p-1)/p share at beta)
+    or "ring" (a torus dimension: traffic crosses p/4 hops on average, so an all-to-all
+    over p devices takes p^2/(4(p-1)) times the switch's bandwidth term).
+    ``per_kind``: (kind, alpha, beta) fitted for one collective kind (``Hardware.calibrate``
+    fits each kind on its own where one pair does not fit all, as on a CPU host).
+    """
+
+    alpha: float
+    beta: float
+    name: str = ""
+    all_to_all: str = attrs.field(default="switch", validator=attrs.validators.in_(("switch", "ring")))
+    per_kind: tuple[tuple[str, float, float], ...] = ()  # (kind, alpha, beta) measured for one kind
+
+    def for_kind(self, kind: str) -> tuple[float, float]:
+        """(alpha, beta) for a collective of ``kind``: its own fit if calibrated, else the link's."""
+        for k, a, b in self.per_kind:
+            if k == kind:
+                return a, b
+        return self.alpha, self.beta
+
+
+@attrs.frozen
+class Level:
+    """``p`` devices of a collective's group that talk over ``link``."""
+
+    p: int
+    link: Link
+
+
+# -- topologies: a group of device ids -> link levels ------------------------------------
+
+@attrs.frozen
+class Switched:
+    """Nodes of ``node_size`` devices on a switch (``intra``), nodes on a network (``inter``).
+
+    ``node_size=None``: one flat switch (every group uses ``intra``).
+    """
+
+    intra: Link
+    inter: Optional[Link] = None
+    node_size: Optional[int] = None
+
+    def levels_of(self, ids: np.ndarray, n_devices: int) -> list[Level]:
+        p = len(ids)
+        if self.node_size is None or self.inter is None:
+            return [Level(p, self.intra)]
+        nodes = len(np.unique(ids // self.node_size))
+        p_in = p // nodes
+        return [lv for lv in (Level(p_in, self.intra), Level(nodes, self.inter)) if lv.p > 1]
+
+
+@attrs.frozen
+class Torus:
+    """Chips on a ``dims``-D torus linked by ``ici`` (per link and direction); ``cores_per_chip``
+    devices per chip, linked by ``on_chip``. The torus shape comes from the chip count."""
+
+    dims: int
+    ici: Link
+    cores_per_chip: int = 1
+    on_chip: Optional[Link] = None
+
+    def shape(self, chips: int) -> tuple[int, ...]:
+        return _box(chips, self.dims)
+
+    def levels_of(self, ids: np.ndarray, n_devices: int) -> list[Level]:
+        c = self.cores_per_chip
+        chips = ids // c
+        out = []
+        per_chip = len(ids) // len(np.unique(chips))
+        if per_chip > 1:
+            out.append(Level(per_chip, self.on_chip or self.ici))
+        shape = self.shape(max(1, -(-n_devices // c)))
+        coords = np.stack(np.unravel_index(chips, shape[::-1])[::-1])  # x fastest
+        # a bidirectional ring moves 2 links' worth per chip, shared by the chip's cores
+        ring = Link(self.ici.alpha, 2 * self.ici.beta / c, self.ici.name, "ring")
+        for d in range(self.dims):
+            k = len(np.unique(coords[d]))
+            if k > 1:
+                out.append(Level(k, ring))
+        return out
+
+
+@attrs.frozen
+class PerAxis:
+    """One link per mesh axis (what ``Hardware.calibrate`` measures); ``default`` for others."""
+
+    links: tuple[tuple[str, Link], ...]
+    default: Optional[Link] = None
+
+    def link(self, axis: str) -> Link:
+        for a, lk in self.links:
+            if a == axis:
+                return lk
+        if self.default is None:
+            raise ShardingError(f"this hardware has no link for mesh axis {axis!r} "
+                                f"(it was calibrated for axes {[a for a, _ in self.links]})")
+        return self.default
+
+
+Topology = Union[Switched, Torus, PerAxis]
+
+
+@attrs.frozen
+class Hardware:
+    """A device and its links (see the module docstring for how mesh axes map to links).
+
+    >>> hw = Hardware.preset("tpu-v3")
+    >>> hw.peak("bfloat16") / 1e12, hw.mem_capacity / 2**30
+    (61.5, 16.0)
+    """
+
+    name: str
+    matmul_flops: tuple[tuple[str, float], ...]  # (dtype name, FLOP/s) for dot_general / conv
+    vector_flops: float  # FLOP/s of everything else (elementwise, reductions)
+    mem_bandwidth: float  # bytes/s
+    mem_capacity: float  # bytes per device
+    topology: Topology
+    transcendental_flops: float = 1.0  # FLOPs charged per exp/log/tanh/... element
+    conv_efficiency: float = 1.0  # fraction of the matmul rate that convolutions reach
+    op_overhead: float = 0.0  # seconds per kernel launched (each materialized result)
+    step_overhead: float = 0.0  # seconds per program execution (launching it on every device)
+
+    # -- rates -----------------------------------------------------------------------
+    def peak(self, dtype) -> float:
+        """Matmul FLOP/s for operands of ``dtype`` (float32's rate for unlisted dtypes)."""
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+        rates = dict(self.matmul_flops)
+        if name in rates:
+            return rates[name]
+        return rates.get("float32", max(rates.values()))
+
+    # -- links -----------------------------------------------------------------------
+    def levels(self, mesh: Mesh, axes: Sequence) -> list[Level]:
+        """The link levels of a collective over ``axes`` of ``mesh`` (fastest first)."""
+        axes = tuple(str(a) for a in axes)
+        if not axes:
+            return []
+        topo = self.topology
+        if isinstance(topo, PerAxis):
+            out = [Level(mesh.ref(a).size, topo.link(mesh.ref(a).name)) for a in axes]
+        else:
+            out = topo.levels_of(group_ids(mesh, axes), mesh.size)
+        return sorted((lv for lv in out if lv.p > 1), key=lambda lv: -lv.link.beta)
+
+    # -- construction ----------------------------------------------------------------
+    @staticmethod
+    def preset(name: str) -> "Hardware":
+        """One of ``PRESETS``: "tpu-v3", "tpu-v4", "a100-node", "h100-node"."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise ShardingError(f"unknown hardware preset {name!r}; presets: {sorted(PRESETS)}") from None
+
+    @staticmethod
+    def calibrate(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
+                  name: str = "calibrated") -> "Hardware":
+        """Measure this machine over ``mesh`` (see calibrate.py): matmul and vector rates,
+        memory bandwidth, and per mesh axis alpha and beta fitted by least squares."""
+        from .calibrate import calibrate
+
+        return calibrate(mesh, sizes=sizes, reps=reps, name=name)
+
+    def with_links(self, **links: Link) -> "Hardware":
+        """This hardware with the given per-axis links (other axes keep the topology's)."""
+        return attrs.evolve(self, topology=PerAxis(tuple(sorted(links.items())), None))
+
+
+def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
+    """Device ids of the first group of a collective over ``axes`` (sub-axes allowed), in
+    group order: the devices whose coordinates on every other (sub-)axis are device 0's."""
+    refs = [mesh.ref(a) for a in axes]
+    coords = np.indices(mesh.shape).reshape(len(mesh.shape), -1)
+    rest = coords.copy()
+    for r in refs:
+        i = mesh.axis_index(r.name)
+        minor = mesh.shape[i] // r.stop
+        rest[i] -= ((coords[i] // minor) % r.size) * minor
+    in_group = np.all(rest == rest[:, :1], axis=0)
+    return mesh.device_ids.reshape(-1)[in_group]
+
+
+@functools.lru_cache(maxsize=None)
+def _box(n: int, dims: int) -> tuple[int, ...]:
+    """The most nearly square/cubic shape of ``dims`` factors of ``n`` (largest first)."""
+    if dims == 1:
+        return (n,)
+    best = None
+    for a in _divisors(n):
+        shape = tuple(sorted((a,) + _box(n // a, dims - 1), reverse=True))
+        score = (max(shape) / min(shape), shape)
+        if best is None or score < best[0]:
+            best = (score, shape)
+    return best[1]
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+# -- presets -------------------------------------------------------------------------------
+# TPU v3, one TensorCore per device. Cloud TPU docs "TPU v3" (cloud.google.com/tpu/docs/v3):
+# 123 TFLOP/s bf16 and 32 GiB HBM at 900 GB/s per chip of 2 cores -> 61.5 TFLOP/s, 16 GiB,
+# 450 GB/s per core; 2D torus, 1024 chips, "all-reduce bandwidth per pod 340 TB/s" = 4 ICI
+# links x ~83 GB/s per chip (Jouppi et al., "A Domain-Specific Supercomputer for Training
+# Deep Neural Networks", CACM 2020: 656 Gbit/s per ICI link). JAX's default precision runs
+# f32 matmuls as one bf16 pass on the MXU. Vector unit, latencies: estimates (ours).
+_TPU_V3 = Hardware(
+    "tpu-v3", (("bfloat16", 61.5e12), ("float32", 61.5e12), ("float16", 61.5e12)), vector_flops=3.9e12,
+    mem_bandwidth=450e9, mem_capacity=16 * GiB,
+    topology=Torus(2, Link(2e-6, 82e9, "ici"), cores_per_chip=2, on_chip=Link(1e-6, 450e9, "on-chip")),
+)
+# TPU v4, one chip (2 TensorCores as one device). Cloud TPU docs "TPU v4": 275 TFLOP/s
+# bf16, 32 GiB HBM2 at 1200 GB/s, 3D torus of 4096 chips, "all-reduce bandwidth per pod
+# 1.1 PB/s" = 6 ICI links x ~45 GB/s per chip (Jouppi et al., ISCA 2023).
+_TPU_V4 = Hardware(
+    "tpu-v4", (("bfloat16", 275e12), ("float32", 275e12), ("float16", 275e12)), vector_flops=8.6e12,
+    mem_bandwidth=1200e9, mem_capacity=32 * GiB, topology=Torus(3, Link(2e-6, 45e9, "ici")),
+)
+# DGX A100 (NVIDIA A100 Tensor Core GPU datasheet; DGX A100 user guide): A100 SXM4 80GB,
+# 312 TFLOP/s bf16/f16 dense, 156 TF32 (XLA's default for f32 dots on A100), 19.5 TFLOP/s
+# f32 vector, HBM2e 2,039 GB/s; NVLink3 600 GB/s per GPU both directions (300 GB/s each
+# way) through NVSwitch; one 200 Gb/s HDR InfiniBand NIC per GPU (25 GB/s). Latencies:
+# typical NCCL per-step figures (estimates).
+_A100 = Hardware(
+    "a100-node", (("bfloat16", 312e12), ("float16", 312e12), ("float32", 156e12), ("float64", 19.5e12)),
+    vector_flops=19.5e12, mem_bandwidth=2039e9, mem_capacity=80 * GiB,
+    topology=Switched(Link(3e-6, 300e9, "nvlink"), Link(8e-6, 25e9, "network"), node_size=8),
+    op_overhead=3e-6,
+)
+# DGX H100 (NVIDIA H100 Tensor Core GPU datasheet; DGX H100 user guide): H100 SXM5 80GB,
+# 989 TFLOP/s bf16/f16 dense, 494 TF32, 67 TFLOP/s f32 vector, HBM3 3.35 TB/s; NVLink4
+# 900 GB/s per GPU (450 GB/s each way) through NVSwitch; one 400 Gb/s NDR ConnectX-7 NIC
+# per GPU (50 GB/s).
+_H100 = Hardware(
+    "h100-node", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12), ("float64", 67e12)),
+    vector_flops=67e12, mem_bandwidth=3.35e12, mem_capacity=80 * GiB,
+    topology=Switched(Link(3e-6, 450e9, "nvlink"), Link(8e-6, 50e9, "network"), node_size=8),
+    op_overhead=3e-6,
+)
+
+PRESETS: Mapping[str, Hardware] = {"tpu-v3": _TPU_V3, "tpu-v4": _TPU_V4, "a100-node": _A100, "h100-node": _H100}

@@ -1,0 +1,110 @@
+"""Peak live memory of the per-device program: a liveness walk over its buffers.
+
+Buffers are the materialized values of fusion.py (a fused intermediate never takes memory;
+a reshape shares its operand's buffer). Walking the equations in program order:
+
+* arguments are live from the start; a non-donated argument stays live to the end (the
+  caller holds it), a donated one is freed after its last use; constants stay live;
+* each equation allocates its results, then frees every buffer whose last use it was
+  (results nobody uses are freed at once); outputs stay live to the end;
+* a result may reuse, in place, an operand buffer of the same size that dies at this
+  equation when the op is elementwise-like (a fusion, dynamic_update_slice, scatter,
+  a loop's carry): how a donated parameter becomes the updated parameter;
+* a loop or branch adds its body's own peak (the body's temporaries; its parameters are
+  the loop's operands, already counted).
+
+The peak is the largest ``live + allocated + body`` seen. Worked example (f32, no donation)::
+
+    y = x @ w      # x: 4 KiB, w: 4 KiB, y: 4 KiB -> live 8 KiB + 4 KiB = 12 KiB
+    z = y @ w      # + z 4 KiB = 16 KiB, then y is freed                 -> peak 16 KiB
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+from jax.extend.core import Literal
+
+from ..partitioner.records import sub_jaxprs
+from .counting import fusible_producer, nbytes
+from .fusion import Fusion
+
+INPLACE = frozenset(("dynamic_update_slice", "while", "scatter", "scatter-add", "scatter_add", "scatter-mul",
+                     "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max"))
+
+
+@attrs.frozen
+class Memory:
+    peak: int
+    arguments: int
+    outputs: int
+
+
+def peak_memory(closed, donated: Sequence[bool]) -> Memory:
+    jaxpr = closed.jaxpr
+    args = sum(nbytes(v.aval) for v in jaxpr.invars)
+    outs = {}
+    fusion = Fusion(jaxpr)
+    for v in jaxpr.outvars:
+        if not isinstance(v, Literal):
+            outs[fusion.root(v)] = nbytes(v.aval)
+    peak = _peak(jaxpr, fusion, top=True, donated=donated)
+    return Memory(peak, args, sum(outs.values()))
+
+
+def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int:
+    """Peak bytes of one execution of ``jaxpr``; for a body (top=False) its parameters are
+    counted as 0 (they are the enclosing loop's operands)."""
+    n = len(jaxpr.eqns)
+    never = n + 1
+    last: dict = {}
+    size: dict = {}
+    held = set()  # buffers that are never freed
+    live = 0
+    for k, v in enumerate(jaxpr.invars):
+        size[v] = nbytes(v.aval) if top else 0
+        live += size[v]
+        if top and not (k < len(donated) and donated[k]):
+            held.add(v)
+    for v in jaxpr.constvars:
+        size[v] = nbytes(v.aval)
+        live += size[v]
+        held.add(v)
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not isinstance(v, Literal):
+                last[fusion.root(v)] = i
+    for v in jaxpr.outvars:
+        if not isinstance(v, Literal):
+            held.add(fusion.root(v))
+    peak = live
+    for i, eqn in enumerate(jaxpr.eqns):
+        new = []
+        for v in eqn.outvars:
+            r = fusion.root(v)
+            if r is v and fusion.materialized(v):
+                size[v] = nbytes(v.aval)
+                new.append(v)
+        dying = [r for r in {fusion.root(v) for v in eqn.invars if not isinstance(v, Literal)}
+                 if last.get(r) == i and r not in held and r in size]
+        alloc = sum(size[v] for v in new)
+        if (fusible_producer(eqn) or eqn.primitive.name in INPLACE) and new:
+            free_sizes = sorted((size[r] for r in dying), reverse=True)
+            for v in sorted(new, key=lambda v: -size[v]):  # results written over dying operands
+                if size[v] in free_sizes:
+                    free_sizes.remove(size[v])
+                    alloc -= size[v]
+                    dying.remove(next(r for r in dying if size[r] == size[v]))  # its buffer is v's now
+        extra = max((_body_peak(j) for j in sub_jaxprs(eqn)), default=0)
+        peak = max(peak, live + alloc + extra)
+        live += alloc
+        for r in dying:
+            live -= size[r]
+        for v in new:
+            if v not in last and v not in held:  # dead result
+                live -= size[v]
+    return peak
+
+
+def _body_peak(jaxpr) -> int:
+    return _peak(jaxpr, Fusion(jaxpr), top=False)

@@ -1,0 +1,513 @@
+"""``plan.cost(hw)``: a prediction of one step of the SPMD program on ``hw``, per device.
+
+Everything is read from the plan's own records, never from JAX's execution:
+
+* ``plan.program``: the per-device program (local shapes). Each equation's FLOPs and bytes
+  (counting.py, fusion.py), its op from the ``op<id>`` name scope, loop bodies times their
+  trip count (``scan``: ``length``; ``while``: derived when the loop counts a constant
+  range — ``i = c0; while i < c1: i += s`` — else ``while_trips``, said in ``notes``),
+  ``cond``: the costliest branch.
+* ``plan.collectives``: every collective (kind, axes, bytes), priced over the links that
+  ``hw`` gives its axes (collectives.py). A combined collective is one record: one alpha.
+
+Time per equation: ``max(flops / peak, bytes / mem_bandwidth)`` (+ ``op_overhead`` per
+kernel, ``step_overhead`` per step); ``step_serial_s`` = compute + communication; ``step_overlap_s`` = a schedule of
+the program on two streams (compute, collectives) in program order, each equation starting
+when its operands are ready. ``step_s`` is the serial time unless ``overlap=True``.
+
+Memory: a liveness walk over the buffers of the program (memory.py).
+
+    >>> import jax, jax.numpy as jnp, gspmd_py as gp
+    >>> mesh = gp.Mesh.abstract((4,), ("m",))
+    >>> f = gp.spmd(lambda x, w1, w2: (x @ w1) @ w2, mesh, in_shardings=(None, gp.P(None, "m"), gp.P("m", None)))
+    >>> S = jax.ShapeDtypeStruct
+    >>> c = f.plan(S((8, 16), jnp.float32), S((16, 32), jnp.float32), S((32, 16), jnp.float32)).cost(
+    ...     gp.Hardware.preset("h100-node"))
+    >>> c.flops, c.comm_bytes          # (2*8*16*32 + 2*8*32*16) / 4; one all-reduce of f32[8,16]
+    (4096, 512)
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional, Sequence
+
+import attrs
+import numpy as np
+from jax.extend.core import Literal
+
+from ..partitioner.context import Collective
+from ..partitioner.records import KIND, sub_jaxprs
+from .collectives import collective_time, sent_bytes
+from .counting import COLLECTIVES, FREE, eqn_flops, is_alias
+from .fusion import Fusion
+from .hardware import Hardware
+from .memory import Memory, peak_memory
+
+_SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")  # as partitioner/records.py
+INLINE = frozenset(("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                    "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin"))
+
+
+@attrs.frozen
+class CollectiveCost:
+    """One collective of the program: its record, how often it runs, and its predicted time."""
+
+    collective: Collective
+    count: int  # executions per step (trip counts of enclosing loops)
+    seconds: float  # one execution
+
+    def __str__(self) -> str:
+        c = self.collective
+        times = f" x{self.count}" if self.count != 1 else ""
+        return f"{c.kind}({','.join(c.axes)}) {_size(c.bytes_per_device)}{times} {_dur(self.seconds * self.count)}"
+
+
+@attrs.frozen
+class OpCost:
+    """The per-step totals of one IR op (or the boundary, or one combined collective)."""
+
+    key: str  # "op12", "combined:3,7", "boundary"
+    label: str
+    flops: float
+    transcendentals: float
+    bytes_accessed: float
+    compute_s: float
+    collectives: tuple[CollectiveCost, ...]
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.seconds * c.count for c in self.collectives)
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@attrs.frozen
+class Cost:
+    """Predicted cost of one step of a plan on one Hardware, per device.
+
+    ``flops``, ``transcendentals``, ``bytes_accessed`` (memory traffic under fusion),
+    ``comm_bytes`` (sum of the collectives' ``bytes_per_device``, times their trip counts),
+    ``sent_bytes`` (what each device puts on links under the ring algorithms),
+    ``compute_s``, ``comm_s``, ``step_serial_s``, ``step_overlap_s``, ``step_s``,
+    ``peak_memory_bytes`` (with ``argument_bytes``, ``output_bytes``), ``fits``.
+    """
+
+    hardware: str
+    mesh: str
+    devices: int
+    flops: float
+    transcendentals: float
+    bytes_accessed: float
+    comm_bytes: float
+    sent_bytes: float
+    compute_s: float
+    comm_s: float
+    step_serial_s: float
+    step_overlap_s: float
+    step_s: float
+    peak_memory_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    memory_capacity: float
+    ops: tuple[OpCost, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_capacity
+
+    @property
+    def comm_bytes_by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for op in self.ops:
+            for c in op.collectives:
+                out[c.collective.kind] = out.get(c.collective.kind, 0) + c.collective.bytes_per_device * c.count
+        return dict(sorted(out.items()))
+
+    @property
+    def collectives(self) -> tuple[CollectiveCost, ...]:
+        return tuple(c for op in self.ops for c in op.collectives)
+
+    def table(self, top: int = 12) -> str:
+        """The ops with the largest predicted time, each with its collectives."""
+        rows = sorted(self.ops, key=lambda o: (-o.total_s, o.key))[:top]
+        lines = [f"cost on {self.hardware}, {self.mesh} ({self.devices} devices), per device:",
+                 f"  step {_dur(self.step_s)} (serial {_dur(self.step_serial_s)}, overlapped "
+                 f"{_dur(self.step_overlap_s)}): compute {_dur(self.compute_s)}, communication {_dur(self.comm_s)}",
+                 f"  {self.flops:.4g} FLOPs, {_size(self.bytes_accessed)} memory traffic, "
+                 f"{_size(self.comm_bytes)} in collectives "
+                 + (", ".join(f"{k} {_size(v)}" for k, v in self.comm_bytes_by_kind.items()) or ""),
+                 f"  peak memory {_size(self.peak_memory_bytes)} of {_size(self.memory_capacity)}"
+                 f" (arguments {_size(self.argument_bytes)}, outputs {_size(self.output_bytes)})"
+                 + ("" if self.fits else "  DOES NOT FIT")]
+        total = max(self.step_serial_s, 1e-30)
+        hdr = ("op", "time", "share", "compute", "FLOPs", "bytes", "collectives")
+        body = [(o.label[:60], _dur(o.total_s), f"{100 * o.total_s / total:.1f}%", _dur(o.compute_s),
+                 f"{o.flops:.3g}", _size(o.bytes_accessed), "; ".join(str(c) for c in o.collectives))
+                for o in rows]
+        widths = [max(len(r[i]) for r in [hdr] + body) for i in range(6)]
+        for r in [hdr] + body:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:6], widths)) + "  " + r[6])
+        if len(self.ops) > top:
+            lines.append(f"  ... {len(self.ops) - top} more ops")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table(top=5)
+
+
+# -- the walk ---------------------------------------------------------------------------------
+
+@attrs.define
+class _Row:
+    label: str
+    flops: int = 0
+    trans: int = 0
+    bytes: int = 0
+    compute_s: float = 0.0
+    colls: list = attrs.Factory(list)
+
+
+@attrs.define
+class _Acc:
+    rows: dict = attrs.Factory(dict)
+
+    def row(self, key: str, label: str) -> _Row:
+        r = self.rows.get(key)
+        if r is None:
+            r = self.rows[key] = _Row(label)
+        return r
+
+    def add(self, other: "_Acc") -> None:
+        for k, r in other.rows.items():
+            mine = self.row(k, r.label)
+            mine.flops += r.flops
+            mine.trans += r.trans
+            mine.bytes += r.bytes
+            mine.compute_s += r.compute_s
+            mine.colls += r.colls
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.compute_s + sum(c.seconds * c.count for c in r.colls) for r in self.rows.values())
+
+
+class _Walker:
+    def __init__(self, plan, hw: Hardware, while_trips: int):
+        self.plan, self.hw, self.while_trips = plan, hw, while_trips
+        self.notes: list[str] = []
+        self.labels = {}
+        from ..partitioner.program import op_label
+
+        for op in plan.graph.walk():
+            self.labels[op.id] = op_label(op)
+        self.records = _index_records(plan.program.jaxpr, plan.collectives)
+        self._levels: dict = {}
+
+    # scope of an equation: (key, label)
+    def scope(self, eqn, outer: tuple[str, str]) -> tuple[str, str]:
+        found = None
+        for m in _SCOPE.finditer(str(eqn.source_info.name_stack)):
+            found = m
+        if found is None:
+            return outer
+        if found.group(2):
+            i = int(found.group(2))
+            return f"op{i}", self.labels.get(i, f"op {i}")
+        if found.group(3):
+            ids = found.group(3)
+            return f"combined:{ids}", "combined: " + "; ".join(self.labels.get(int(i), f"op {i}")
+                                                               for i in ids.split(","))
+        return "boundary", "boundary"
+
+    def coll_time(self, c: Collective) -> float:
+        key = (c.kind, c.axes, c.bytes_per_device)
+        t = self._levels.get(key)
+        if t is None:
+            t = self._levels[key] = collective_time(c.kind, c.bytes_per_device, self.hw.levels(self.plan.mesh, c.axes))
+        return t
+
+    def eqn_time(self, eqn, fusion: Fusion) -> tuple[float, float, float, float]:
+        """(seconds, flops, transcendentals, bytes) of one plain equation."""
+        hw = self.hw
+        flops, trans = eqn_flops(eqn)
+        nb = fusion.read_bytes(eqn) + fusion.write_bytes(eqn)
+        if eqn.primitive.name == "dot_general":
+            ct = flops / hw.peak(eqn.invars[0].aval.dtype)
+        elif eqn.primitive.name == "conv_general_dilated":
+            ct = flops / (hw.peak(eqn.invars[0].aval.dtype) * hw.conv_efficiency)
+        else:
+            ct = (flops + trans * (hw.transcendental_flops - 1)) / hw.vector_flops
+        t = max(ct, nb / hw.mem_bandwidth) + hw.op_overhead * fusion.launches(eqn)
+        return t, flops, trans, nb
+
+    def walk(self, jaxpr, trips: int, acc: _Acc, outer: tuple[str, str], consts: dict) -> tuple[float, float]:
+        """Adds one execution of ``jaxpr`` x ``trips`` to ``acc``; returns (serial, overlapped)
+        seconds of one execution."""
+        fusion = Fusion(jaxpr)
+        ready: dict = {}
+        tc = tm = 0.0
+        serial = 0.0
+        known = dict(consts)
+        for eqn in jaxpr.eqns:
+            key, label = self.scope(eqn, outer)
+            name = eqn.primitive.name
+            r = max((ready.get(v, 0.0) for v in eqn.invars if not isinstance(v, Literal)), default=0.0)
+            subs = list(sub_jaxprs(eqn))
+            if name in COLLECTIVES and name in KIND:
+                rec = self.records[id(eqn)].pop(0)
+                t = self.coll_time(rec)
+                acc.row(key, label).colls.append(CollectiveCost(rec, trips, t))
+                start = max(tm, r)
+                tm = end = start + t
+                serial += t
+            elif is_alias(eqn) or name in FREE:  # same buffer, nothing runs
+                end = r
+            elif subs:
+                t_ser, t_ovl = self.region(eqn, subs, trips, acc, (key, label), known)
+                start = max(tc, tm, r)
+                tc = tm = end = start + t_ovl
+                serial += t_ser
+            else:
+                t, fl, tr, nb = self.eqn_time(eqn, fusion)
+                row = acc.row(key, label)
+                row.flops += int(fl) * trips
+                row.trans += int(tr) * trips
+                row.bytes += int(nb) * trips
+                row.compute_s += t * trips
+                start = max(tc, r)
+                tc = end = start + t
+                serial += t
+                _fold_const(eqn, known)
+            for v in eqn.outvars:
+                ready[v] = end
+        makespan = max([tc, tm] + [ready.get(v, 0.0) for v in jaxpr.outvars if not isinstance(v, Literal)])
+        return serial, makespan
+
+    def region(self, eqn, subs, trips: int, acc: _Acc, scope, known: dict) -> tuple[float, float]:
+        name = eqn.primitive.name
+        p = eqn.params
+        if name == "scan":
+            n = int(p["length"])
+            s, o = self.walk(subs[0], trips * n, acc, scope, {})
+            return s * n, o * n
+        if name == "while":
+            cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+            n = while_trip_count(eqn, known)
+            if n is None:
+                n = self.while_trips
+                self.notes.append(f"while loop in {scope[1]}: trip count not derivable, assumed {n} "
+                                  f"(plan.cost(..., while_trips=N))")
+            total_s = total_o = 0.0
+            for j in subs:  # in the records' order
+                k = n + 1 if j is cond else n
+                s, o = self.walk(j, trips * k, acc, scope, {})
+                total_s, total_o = total_s + s * k, total_o + o * k
+            return total_s, total_o
+        if name == "cond":
+            best = None
+            for j in subs:  # every branch is walked (its records are consumed); the costliest counts
+                a = _Acc()
+                s, o = self.walk(j, trips, a, scope, {})
+                if best is None or a.seconds > best[0].seconds:
+                    best = (a, s, o)
+            acc.add(best[0])
+            if len(subs) > 1:
+                self.notes.append(f"cond in {scope[1]}: costed as its costliest of {len(subs)} branches")
+            return best[1], best[2]
+        # calls (jit, custom_jvp/vjp, remat, ...): inline, once
+        s_tot = o_tot = 0.0
+        for j in subs:
+            if name not in INLINE and j is not subs[0]:
+                continue
+            s, o = self.walk(j, trips, acc, scope, {})
+            s_tot, o_tot = s_tot + s, o_tot + o
+            if name in INLINE and name.startswith("custom"):
+                break  # the primal body only (the jvp/fwd rules are not run)
+        return s_tot, o_tot
+
+
+def _index_records(jaxpr, records: Sequence[Collective]) -> dict:
+    """Map each collective equation (by identity) to its records, walking as records.py does."""
+    out: dict = {}
+    it = iter(records)
+
+    def walk(j):
+        for eqn in j.eqns:
+            if eqn.primitive.name in KIND:
+                try:
+                    rec = next(it)
+                except StopIteration:
+                    raise RuntimeError("plan.collectives is shorter than the program's collectives") from None
+                if rec.kind != KIND[eqn.primitive.name]:
+                    raise RuntimeError(f"plan.collectives out of step with the program: {rec.kind} record for a "
+                                       f"{eqn.primitive.name} equation")
+                out.setdefault(id(eqn), []).append(rec)
+            for inner in sub_jaxprs(eqn):
+                walk(inner)
+
+    walk(jaxpr)
+    return out
+
+
+def _fold_const(eqn, known: dict) -> None:
+    """Track scalar constants (literals and arithmetic on them) for while trip counts."""
+    vals = []
+    for v in eqn.invars:
+        if isinstance(v, Literal):
+            vals.append(v.val)
+        elif v in known:
+            vals.append(known[v])
+        else:
+            return
+    name = eqn.primitive.name
+    try:
+        if name in ("convert_element_type", "copy", "copy_p") or is_alias(eqn):
+            res = vals[0]
+        elif name == "add":
+            res = vals[0] + vals[1]
+        elif name == "sub":
+            res = vals[0] - vals[1]
+        elif name == "mul":
+            res = vals[0] * vals[1]
+        else:
+            return
+        if np.ndim(res) == 0:
+            known[eqn.outvars[0]] = res
+    except Exception:  # noqa: BLE001 - best effort only
+        return
+
+
+def while_trip_count(eqn, known: dict) -> Optional[int]:
+    """Trips of ``while i < c1: ...; i += s`` with i's start, c1 and s constants, else None."""
+    p = eqn.params
+    cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    ops = eqn.invars
+    cond_consts, init = ops[:nc], ops[nc + nb:]
+    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name not in ("lt", "le", "gt", "ge", "ne"):
+        return None
+    ce = cond.eqns[0]
+    if list(cond.outvars) != list(ce.outvars):
+        return None
+
+    def value(v):
+        if isinstance(v, Literal):
+            return v.val
+        if v in cond.invars[:nc]:
+            src = cond_consts[cond.invars.index(v)]
+            return value_outer(src)
+        if v in cond.invars[nc:]:
+            k = cond.invars.index(v) - nc
+            if body.outvars[k] is body.invars[nb + k]:  # loop-invariant carry
+                return value_outer(init[k])
+        return None
+
+    def value_outer(v):
+        if isinstance(v, Literal):
+            return v.val
+        return known.get(v)
+
+    a, b = ce.invars
+    rel = ce.primitive.name
+    if rel in ("gt", "ge"):
+        a, b = b, a
+        rel = "lt" if rel == "gt" else "le"
+    if isinstance(a, Literal) or a not in cond.invars[nc:]:
+        return None
+    k = cond.invars.index(a) - nc
+    start, stop = value_outer(init[k]), value(b)
+    if start is None or stop is None:
+        return None
+    out = body.outvars[k]
+    step = None
+    for be in body.eqns:
+        if out in be.outvars and be.primitive.name == "add":
+            x, y = be.invars
+            if x is body.invars[nb + k] and isinstance(y, Literal):
+                step = y.val
+            elif y is body.invars[nb + k] and isinstance(x, Literal):
+                step = x.val
+    if not step or step <= 0:
+        return None
+    span = float(stop) - float(start) + (1 if rel == "le" else 0)
+    return max(0, int(math.ceil(span / float(step))))
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+def cost(plan, hw: Hardware, *, donate=None, overlap: bool = False, while_trips: int = 1) -> Cost:
+    """Predict one step of ``plan`` on ``hw`` (see the module docstring).
+
+    ``donate``: flat input indices whose buffers the program may reuse (as
+    ``donate_argnums`` of ``gp.spmd``, flattened); default: the plan's own
+    ``donate_argnums`` if it has them, else none.
+    """
+    if not isinstance(hw, Hardware):
+        raise TypeError(f"plan.cost needs a gp.Hardware (e.g. gp.Hardware.preset('h100-node')), got {type(hw).__name__}")
+    if donate is None:
+        donate = getattr(plan, "donate_argnums", ()) or ()
+    donated = _donated_mask(plan, donate)
+    w = _Walker(plan, hw, while_trips)
+    acc = _Acc()
+    jaxpr = plan.program.jaxpr
+    serial, overlapped = w.walk(jaxpr, 1, acc, ("boundary", "boundary"), {})
+    serial, overlapped = serial + hw.step_overhead, overlapped + hw.step_overhead
+    mem: Memory = peak_memory(plan.program, donated)
+    ops = []
+    for key, r in acc.rows.items():
+        ops.append(OpCost(key, r.label, r.flops, r.trans, r.bytes, r.compute_s, tuple(r.colls)))
+    ops.sort(key=_op_order)
+    compute = sum(o.compute_s for o in ops)
+    comm = sum(o.comm_s for o in ops)
+    colls = [c for o in ops for c in o.collectives]
+    notes = list(dict.fromkeys(w.notes))
+    return Cost(
+        hardware=hw.name, mesh=repr(plan.mesh), devices=plan.mesh.size,
+        flops=sum(o.flops for o in ops), transcendentals=sum(o.transcendentals for o in ops),
+        bytes_accessed=sum(o.bytes_accessed for o in ops),
+        comm_bytes=sum(c.collective.bytes_per_device * c.count for c in colls),
+        sent_bytes=sum(sent_bytes(c.collective.kind, c.collective.bytes_per_device, c.collective.group_size)
+                       * c.count for c in colls),
+        compute_s=compute, comm_s=comm, step_serial_s=serial, step_overlap_s=overlapped,
+        step_s=overlapped if overlap else serial,
+        peak_memory_bytes=mem.peak, argument_bytes=mem.arguments, output_bytes=mem.outputs,
+        memory_capacity=hw.mem_capacity, ops=tuple(ops), notes=tuple(notes),
+    )
+
+
+def _op_order(o: OpCost):
+    m = re.match(r"op(\d+)$", o.key)
+    return (0, int(m.group(1)), "") if m else (1, 0, o.key)
+
+
+def _donated_mask(plan, donate) -> tuple[bool, ...]:
+    n = len(plan.program.jaxpr.invars)
+    if isinstance(donate, (int, np.integer)):
+        donate = (donate,)
+    mask = [False] * n
+    for i in donate:
+        i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"donate index {i} out of range: the plan has {n} flat inputs")
+        mask[i] = True
+    return tuple(mask)
+
+
+def _size(b: float) -> str:
+    for unit, k in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(b) >= k:
+            return f"{b / k:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def _dur(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
