@@ -56,7 +56,6 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
     """Peak bytes of one execution of ``jaxpr``; for a body (top=False) its parameters are
     counted as 0 (they are the enclosing loop's operands)."""
     n = len(jaxpr.eqns)
-    never = n + 1
     last: dict = {}
     size: dict = {}
     held = set()  # buffers that are never freed
@@ -70,13 +69,27 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
         size[v] = nbytes(v.aval)
         live += size[v]
         held.add(v)
+    # a fused equation runs inside the kernel of the materialized result it feeds: its operands
+    # stay live until that kernel (the last consumer of its fused results) has run
+    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+    end = list(range(n))
+    for i in range(n - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        fused = [v for v in eqn.outvars if fusion.root(v) is v and not fusion.materialized(v)]
+        for v in fused:
+            for c in fusion.consumers.get(v, ()):
+                end[i] = max(end[i], end[index[id(c)]])
     for i, eqn in enumerate(jaxpr.eqns):
         for v in eqn.invars:
             if not isinstance(v, Literal):
-                last[fusion.root(v)] = i
+                r = fusion.root(v)
+                last[r] = max(last.get(r, -1), end[i])
     for v in jaxpr.outvars:
         if not isinstance(v, Literal):
             held.add(fusion.root(v))
+    free_at: dict = {}
+    for r, i in last.items():
+        free_at.setdefault(i, []).append(r)
     peak = live
     for i, eqn in enumerate(jaxpr.eqns):
         new = []
@@ -85,8 +98,7 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
             if r is v and fusion.materialized(v):
                 size[v] = nbytes(v.aval)
                 new.append(v)
-        dying = [r for r in {fusion.root(v) for v in eqn.invars if not isinstance(v, Literal)}
-                 if last.get(r) == i and r not in held and r in size]
+        dying = [r for r in free_at.get(i, ()) if r not in held and r in size]
         alloc = sum(size[v] for v in new)
         if (fusible_producer(eqn) or eqn.primitive.name in INPLACE) and new:
             free_sizes = sorted((size[r] for r in dying), reverse=True)
