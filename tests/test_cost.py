@@ -254,3 +254,43 @@ def test_calibrate_smoke():
     mesh = gp.Mesh((2, 4), ("x", "y"))
     c = plan_of(megatron_mlp, mesh, (P("x", None), P(None, "y"), P("y", None)), (8, 16), (16, 32), (32, 16)).cost(hw)
     assert c.comm_s > 0 and c.step_s > c.comm_s
+
+
+def test_combined_collective_is_priced_as_one():
+    """The combiner's merged all-reduce (one psum under "combined<ids>") pays one alpha."""
+    from types import SimpleNamespace
+
+    from gspmd_py.partitioner.fine_mesh import FineMesh
+    from gspmd_py.partitioner.records import collect
+
+    mesh = gp.Mesh.abstract((4,), ("m",))
+    fine = FineMesh.build(mesh, [])
+
+    def combined(a, b):  # as the combiner emits it: one flat buffer
+        with jax.named_scope("combined1,2"):
+            flat = lax.psum(jnp.concatenate([a, b]), "m")
+            return flat[:8], flat[8:]
+
+    def separate(a, b):
+        with jax.named_scope("op1"):
+            a = lax.psum(a, "m")
+        with jax.named_scope("op2"):
+            b = lax.psum(b, "m")
+        return a, b
+
+    def fake_plan(fn):
+        program = jax.make_jaxpr(fn, axis_env=[("m", 4)])(S((8,), F32), S((8,), F32))
+        graph = SimpleNamespace(walk=lambda: [])
+        return SimpleNamespace(graph=graph, mesh=mesh, program=program,
+                               collectives=collect(program.jaxpr, fine, lambda i: f"op {i}"))
+
+    one, two = fake_plan(combined), fake_plan(separate)
+    (rec,) = one.collectives
+    assert (rec.kind, rec.bytes_per_device, rec.tensors, rec.op_id) == ("all-reduce", 64, 2, -1)
+    c1, c2 = model.cost(one, H100), model.cost(two, H100)
+    nv = H100.topology.intra
+    (cc,) = c1.collectives
+    assert cc.seconds == pytest.approx(2 * (3 * nv.alpha + 3 / 4 * 64 / nv.beta))
+    assert c2.comm_s - c1.comm_s == pytest.approx(2 * 3 * nv.alpha)  # one alpha term fewer
+    assert c1.comm_bytes == c2.comm_bytes == 64
+    assert [o.label for o in c1.ops] == ["combined: op 1; op 2"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
 
 import attrs
@@ -91,8 +92,7 @@ class Calibrator:
                                        check_vma=False))
             args = tuple(jax.device_put(jnp.full((d * s[0],) + tuple(s[1:]), 0.5, jnp.float32),
                                         NamedSharding(jm, every)) for s in local_shapes)
-            fn = fn.lower(*args).compile()
-            return Probe(name, fn, args, info)
+            return Probe(name, fn.lower(*args), args, info)  # compiled below, in parallel
 
         def chain(a):
             for _ in range(32):
@@ -122,6 +122,10 @@ class Calibrator:
                     n = max(p, b // 4 // p * p)  # f32 elements per device, divisible by p
                     self.probes.append(probe(f"{kind}:{axis}", _collective(kind, axis, p, lax, jnp), (n,),
                                              info=(axis, p, kind, 4 * n)))
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # XLA compiles without the GIL
+            for pr, exe in zip(self.probes, pool.map(lambda pr: pr.fn.compile(), self.probes)):
+                pr.fn = exe
 
     def sample(self) -> None:
         for pr in self.probes:
