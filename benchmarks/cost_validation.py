@@ -8,7 +8,8 @@ Then ``--rounds`` rounds each run every calibration probe of ``gp.Hardware.calib
 (shared cores) hits the calibration and the programs alike; the medians count. The
 hardware fitted from the probes prices every plan (``plan.cost(hw)``); the script prints
 measured and predicted times, Spearman's rank correlation, the median relative error and
-the machine's load average, and plots predicted vs measured (needs matplotlib).
+the machine's load average, and plots predicted vs measured (needs matplotlib). The last
+column compares the model's FLOPs with XLA's own cost analysis of the compiled program.
 Targets (issue 11): Spearman >= 0.8, median relative error <= 30%.
 """
 from __future__ import annotations
@@ -79,22 +80,29 @@ def main(argv=None) -> dict:
         meas.append(m)
         pred.append(c.step_s)
         rows.append((cfg.name, m, c.step_s, c.compute_s, c.comm_s, len(plan.collectives),
-                     float(np.percentile(times, 25)), float(np.percentile(times, 75))))
+                     float(np.percentile(times, 25)), float(np.percentile(times, 75)), c.flops / _xla_flops(exe)))
     meas, pred = np.asarray(meas), np.asarray(pred)
     rel = np.abs(pred - meas) / meas
     rho = spearman(pred, meas)
     print(f"hardware fitted from the probes: {_hw_line(hw)}")
     print(f"{'config':40s} {'measured ms (IQR)':>22s} {'predicted':>10s} {'compute':>8s} {'comm':>7s} "
-          f"{'colls':>5s} {'pred/meas':>9s}")
-    for (name, m, p, cs, cm, nc, q1, q3), e in zip(rows, pred / meas):
+          f"{'colls':>5s} {'pred/meas':>9s} {'FLOPs/XLA':>9s}")
+    for (name, m, p, cs, cm, nc, q1, q3, fx), e in zip(rows, pred / meas):
         print(f"{name:40s} {m * 1e3:8.1f} ({q1 * 1e3:5.1f}-{q3 * 1e3:5.1f}) {p * 1e3:10.1f} {cs * 1e3:8.1f} "
-              f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f}")
+              f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f} {fx:9.3f}")
     print(f"Spearman rank correlation {rho:.3f} (target >= 0.8); median relative error "
           f"{100 * float(np.median(rel)):.1f}% (target <= 30%); {len(rows)} configs, {args.rounds} rounds, "
           f"{time.time() - t_start:.0f} s; load average {load0[0]:.1f} before, {load1[0]:.1f} after "
           f"({os.cpu_count()} cores)")
     _plot(args.png, rows, rho, float(np.median(rel)))
     return {"spearman": rho, "median_rel_err": float(np.median(rel)), "rows": rows}
+
+
+def _xla_flops(exe) -> float:
+    """FLOPs per device of the compiled program by XLA's own cost analysis (a cross-check)."""
+    ca = exe.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    return float(ca.get("flops", float("nan"))) if ca else float("nan")
 
 
 def _hw_line(hw) -> str:

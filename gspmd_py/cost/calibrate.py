@@ -7,7 +7,7 @@ CPU host, 8 "devices" share the host's cores):
 * per-step overhead: a program that does nothing (launching the devices' programs);
   every other probe's time is taken net of it;
 * matmul FLOP/s: f32 matmuls of a few typical shapes per device (total FLOPs / total
-  time); a 3x3 conv's rate as a fraction of it; per-kernel overhead: a chain of 8 tiny
+  time); a 3x3 conv's rate as a fraction of it; per-kernel overhead: a chain of 32 tiny
   dependent matmuls;
 * memory bandwidth: ``x * a + y[::-1]`` over a 4 MiB f32 vector per device (12 bytes per
   element); vector FLOP/s: a fused chain of 32 multiply-adds per element; transcendental
@@ -47,6 +47,7 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 MATMULS = ((64, 256, 256), (128, 512, 512), (256, 512, 1024))
 ELEMS = 2 ** 20  # f32 elements per device for the memory / vector probes (4 MiB)
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
+TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
 
 
 @attrs.define
@@ -100,7 +101,7 @@ class Calibrator:
             return a
 
         def tiny_chain(a):
-            for _ in range(REPEAT):
+            for _ in range(TINY):
                 a = a @ a
             return a
 
@@ -110,7 +111,7 @@ class Calibrator:
         dn = ("NHWC", "HWIO", "NHWC")
         conv = lambda x, w: lax.conv_general_dilated(x, w[:3, :3, :16, :32], (1, 1), "SAME", dimension_numbers=dn)
         self.probes.append(probe("conv", conv, (8, 32, 32, 16), (3, 3, 16, 32), info=(2 * 8 * 32 * 32 * 9 * 16 * 32,)))
-        self.probes.append(probe("tiny", tiny_chain, (16, 16), info=(REPEAT * 2 * 16 ** 3,)))
+        self.probes.append(probe("tiny", tiny_chain, (16, 16), info=(TINY * 2 * 16 ** 3,)))
         self.probes.append(probe("memory", lambda a: a * 1.5 + a[::-1], (ELEMS,)))
         self.probes.append(probe("vector", chain, (ELEMS,)))
         self.probes.append(probe("tanh", jnp.tanh, (ELEMS,)))
@@ -142,7 +143,7 @@ class Calibrator:
         conv = med["conv"][0]
         conv_eff = min(1.0, conv.info[0] / net(conv) / rate)
         tiny = med["tiny"][0]
-        overhead = max(0.0, (net(tiny) - tiny.info[0] / rate) / REPEAT)
+        overhead = max(0.0, (net(tiny) - tiny.info[0] / rate) / TINY)
         bandwidth = 12 * ELEMS / max(net(med["memory"][0]) - overhead, 1e-7)
         vector = 64 * ELEMS / max(net(med["vector"][0]) - overhead, 1e-7)
         trans = max(1.0, (net(med["tanh"][0]) - overhead) * vector / ELEMS)
