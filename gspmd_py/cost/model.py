@@ -296,7 +296,7 @@ class _Walker:
             s, o = self.walk(subs[0], trips * n, acc, scope, {})
             return s * n, o * n
         if name == "while":
-            cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+            cond = p["cond_jaxpr"].jaxpr
             n = while_trip_count(eqn, known)
             if n is None:
                 n = self.while_trips
