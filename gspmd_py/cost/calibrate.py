@@ -6,16 +6,19 @@ CPU host, 8 "devices" share the host's cores):
 
 * per-step overhead: a program that does nothing (launching the devices' programs);
   every other probe's time is taken net of it;
-* matmul FLOP/s: f32 matmuls of a few typical shapes per device (total FLOPs / total
-  time); a 3x3 conv's rate as a fraction of it; per-kernel overhead: a chain of 32 tiny
-  dependent matmuls;
+* matmul FLOP/s: the harmonic mean of the rates of f32 matmuls of four shapes that
+  partitioned programs run (square, wide, a skinny data-parallel shard with 32 rows, a batch
+  of small attention-head products): a host's GEMM efficiency varies 2x with shape, and one
+  rate must serve them all; a 3x3 conv's rate as a fraction of it; per-kernel overhead:
+  a chain of 32 tiny dependent matmuls;
 * memory bandwidth: ``x * a + y[::-1]`` over a 4 MiB f32 vector per device (12 bytes per
   element); vector FLOP/s: a fused chain of 32 multiply-adds per element; transcendental
   cost: ``tanh`` per element, in vector FLOPs;
 * per mesh axis, each collective (all-gather, reduce-scatter, all-reduce, all-to-all,
-  collective-permute) at a few sizes, 8 times in a chain (the launch is paid once); alpha and beta are fitted by non-negative least
-  squares on relative error (each row divided by its time) to the formulas the model
-  prices with (collectives.py): ``t = a_k(p) * alpha + b_k(p, n) / beta``, over all kinds
+  collective-permute) at a few sizes, 8 times in a chain (the launch is paid once); alpha
+  and beta are fitted by non-negative least squares on relative error (each row divided by
+  its time) to the formulas the model prices with (collectives.py):
+  ``t = a_k(p) * alpha + b_k(p, n) / beta``, over all kinds
   (the link's alpha and beta) and for each kind on its own (``Link.per_kind``: a CPU
   host's all-to-all, for one, is far slower than its all-gather at equal bytes).
 
@@ -44,7 +47,9 @@ from .collectives import collective_time
 from .hardware import Hardware, Level, Link, PerAxis
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-MATMULS = ((64, 256, 256), (128, 512, 512), (256, 512, 1024))
+# (batch, m, k, n) per device: the shapes partitioned programs run: square, wide, skinny (a
+# data-parallel shard of a batch), batched small (attention heads)
+MATMULS = ((1, 256, 512, 1024), (1, 128, 512, 512), (1, 32, 512, 1024), (16, 128, 32, 128))
 ELEMS = 2 ** 20  # f32 elements per device for the memory / vector probes (4 MiB)
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
@@ -106,8 +111,9 @@ class Calibrator:
             return a
 
         self.probes: list[Probe] = [probe("noop", lambda a: a + 1, (1,))]
-        for m, k, n in MATMULS:
-            self.probes.append(probe("matmul", lambda a, b: a @ b, (m, k), (k, n), info=(2 * m * k * n,)))
+        for b, m, k, n in MATMULS:
+            self.probes.append(probe("matmul", lambda x, y: jnp.matmul(x.reshape(b, m, k), y.reshape(b, k, n)),
+                                     (b * m, k), (b * k, n), info=(2 * b * m * k * n,)))
         dn = ("NHWC", "HWIO", "NHWC")
         conv = lambda x, w: lax.conv_general_dilated(x, w[:3, :3, :16, :32], (1, 1), "SAME", dimension_numbers=dn)
         self.probes.append(probe("conv", conv, (8, 32, 32, 16), (3, 3, 16, 32), info=(2 * 8 * 32 * 32 * 9 * 16 * 32,)))
@@ -138,8 +144,8 @@ class Calibrator:
             med.setdefault(pr.name, []).append(pr)
         t0 = med["noop"][0].median
         net = lambda pr: max(pr.median - t0, 1e-7)
-        flops = sum(pr.info[0] for pr in med["matmul"])
-        rate = flops / sum(net(pr) for pr in med["matmul"])
+        # the harmonic mean of the shapes' rates (each shape's time per FLOP weighs the same)
+        rate = len(med["matmul"]) / sum(net(pr) / pr.info[0] for pr in med["matmul"])
         conv = med["conv"][0]
         conv_eff = min(1.0, conv.info[0] / net(conv) / rate)
         tiny = med["tiny"][0]
