@@ -11,8 +11,8 @@ CPU host, 8 "devices" share the host's cores):
   of small attention-head products): a host's GEMM efficiency varies 2x with shape, and one
   rate must serve them all; a 3x3 conv's rate as a fraction of it; per-kernel overhead:
   a chain of 32 tiny dependent matmuls;
-* memory bandwidth: ``x * a + y[::-1]`` over a 4 MiB f32 vector per device (12 bytes per
-  element); vector FLOP/s: a fused chain of 32 multiply-adds per element; transcendental
+* memory bandwidth: ``x * a + x[::-1] * b`` over a 4 MiB f32 vector per device (12 bytes
+  per element); vector FLOP/s: a fused chain of 16 multiply-adds per element; transcendental
   cost: ``tanh`` per element, in vector FLOPs;
 * per mesh axis, each collective (all-gather, reduce-scatter, all-reduce, all-to-all,
   collective-permute) at a few sizes, 8 times in a chain (the launch is paid once); alpha
@@ -22,6 +22,8 @@ CPU host, 8 "devices" share the host's cores):
   (the link's alpha and beta) and for each kind on its own (``Link.per_kind``: a CPU
   host's all-to-all, for one, is far slower than its all-gather at equal bytes).
 
+Compute probes repeat their step (unfused) so that each runs for tens of milliseconds, as a
+program does: on a shared host a short burst gets more of the cores than a long run.
 Each probe is compiled once; ``reps`` rounds run every probe once each (round-robin, so a
 change of machine load hits every probe alike) and the median per probe counts.
 ``Calibrator`` exposes the rounds so that a benchmark can interleave them with its own
@@ -49,10 +51,12 @@ from .hardware import Hardware, Level, Link, PerAxis
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 # (batch, m, k, n) per device: the shapes partitioned programs run: square, wide, skinny (a
 # data-parallel shard of a batch), batched small (attention heads)
-MATMULS = ((1, 256, 512, 1024), (1, 128, 512, 512), (1, 32, 512, 1024), (16, 128, 32, 128))
-ELEMS = 2 ** 20  # f32 elements per device for the memory / vector probes (4 MiB)
+MATMULS = ((1, 256, 512, 512), (1, 128, 512, 512), (1, 32, 512, 1024), (16, 128, 32, 128))
+MATMUL_FLOPS = 2 ** 28  # FLOPs per device of one matmul probe (the shape repeated)
+ELEMS = 2 ** 20  # f32 elements per device for the memory / vector probes (4 MiB: more than a cache)
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
+SUSTAIN = 4  # the other compute probes repeat their step this many times (unfused)
 
 
 @attrs.define
@@ -93,15 +97,22 @@ class Calibrator:
         every = JP(tuple(mesh.axis_names))
         d = mesh.size
 
-        def probe(name, body, *local_shapes, info=()):
+        def probe(name, body, *local_shapes, info=(), fill=(0.5, 0.5)):
             fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=(every,) * len(local_shapes), out_specs=every,
                                        check_vma=False))
-            args = tuple(jax.device_put(jnp.full((d * s[0],) + tuple(s[1:]), 0.5, jnp.float32),
-                                        NamedSharding(jm, every)) for s in local_shapes)
+            args = tuple(jax.device_put(jnp.full((d * s[0],) + tuple(s[1:]), v, jnp.float32),
+                                        NamedSharding(jm, every)) for s, v in zip(local_shapes, fill))
             return Probe(name, fn.lower(*args), args, info)  # compiled below, in parallel
 
-        def chain(a):
-            for _ in range(32):
+        def sustained(step, k):  # k steps, unfused: the probe runs for milliseconds, as a program does
+            def body(a, *rest):
+                for _ in range(k):
+                    a = lax.optimization_barrier(step(a, *rest))
+                return a
+            return body
+
+        def fma16(a):
+            for _ in range(16):
                 a = a * 0.999 + 0.001
             return a
 
@@ -110,17 +121,26 @@ class Calibrator:
                 a = a @ a
             return a
 
+        def matmuls(b, m, k, n):  # x [m,k] @ y [k,n] -> [m,n], then . y^T -> [m,k]: two products a step
+            def step(x, y):
+                x3, y3 = x.reshape(b, m, k), y.reshape(b, k, n)
+                h = lax.dot_general(x3, y3, (((2,), (1,)), ((0,), (0,))))
+                return lax.dot_general(h, y3, (((2,), (2,)), ((0,), (0,)))).reshape(b * m, k) * (k / n)
+            return step
+
         self.probes: list[Probe] = [probe("noop", lambda a: a + 1, (1,))]
         for b, m, k, n in MATMULS:
-            self.probes.append(probe("matmul", lambda x, y: jnp.matmul(x.reshape(b, m, k), y.reshape(b, k, n)),
-                                     (b * m, k), (b * k, n), info=(2 * b * m * k * n,)))
+            steps = max(1, MATMUL_FLOPS // (4 * b * m * k * n))
+            self.probes.append(probe("matmul", sustained(matmuls(b, m, k, n), steps), (b * m, k), (b * k, n),
+                                     fill=(0.5, 1.0 / k), info=(steps * 4 * b * m * k * n,)))
         dn = ("NHWC", "HWIO", "NHWC")
-        conv = lambda x, w: lax.conv_general_dilated(x, w[:3, :3, :16, :32], (1, 1), "SAME", dimension_numbers=dn)
-        self.probes.append(probe("conv", conv, (8, 32, 32, 16), (3, 3, 16, 32), info=(2 * 8 * 32 * 32 * 9 * 16 * 32,)))
-        self.probes.append(probe("tiny", tiny_chain, (16, 16), info=(TINY * 2 * 16 ** 3,)))
-        self.probes.append(probe("memory", lambda a: a * 1.5 + a[::-1], (ELEMS,)))
-        self.probes.append(probe("vector", chain, (ELEMS,)))
-        self.probes.append(probe("tanh", jnp.tanh, (ELEMS,)))
+        conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+        self.probes.append(probe("conv", sustained(conv, SUSTAIN), (8, 32, 32, 16), (3, 3, 16, 16),
+                                 fill=(0.5, 1 / 144), info=(SUSTAIN * 2 * 8 * 32 * 32 * 9 * 16 * 16,)))
+        self.probes.append(probe("tiny", tiny_chain, (16, 16), fill=(1 / 16,), info=(TINY * 2 * 16 ** 3,)))
+        self.probes.append(probe("memory", sustained(lambda a: a * 0.5 + a[::-1] * 0.25, SUSTAIN), (ELEMS,)))
+        self.probes.append(probe("vector", sustained(fma16, SUSTAIN), (ELEMS,)))
+        self.probes.append(probe("tanh", sustained(jnp.tanh, SUSTAIN), (ELEMS,)))
         for axis, p in zip(mesh.axis_names, mesh.shape):
             if p == 1:
                 continue
@@ -150,9 +170,9 @@ class Calibrator:
         conv_eff = min(1.0, conv.info[0] / net(conv) / rate)
         tiny = med["tiny"][0]
         overhead = max(0.0, (net(tiny) - tiny.info[0] / rate) / TINY)
-        bandwidth = 12 * ELEMS / max(net(med["memory"][0]) - overhead, 1e-7)
-        vector = 64 * ELEMS / max(net(med["vector"][0]) - overhead, 1e-7)
-        trans = max(1.0, (net(med["tanh"][0]) - overhead) * vector / ELEMS)
+        bandwidth = SUSTAIN * 12 * ELEMS / max(net(med["memory"][0]) - SUSTAIN * overhead, 1e-7)
+        vector = SUSTAIN * 32 * ELEMS / max(net(med["vector"][0]) - SUSTAIN * overhead, 1e-7)
+        trans = max(1.0, (net(med["tanh"][0]) - SUSTAIN * overhead) * vector / (SUSTAIN * ELEMS))
         links = []
         for axis, p in zip(self.mesh.axis_names, self.mesh.shape):
             if p == 1:
