@@ -11,7 +11,7 @@ CPU host, 8 "devices" share the host's cores):
   of small attention-head products): a host's GEMM efficiency varies 2x with shape, and one
   rate must serve them all; a 3x3 conv's rate as a fraction of it; per-kernel overhead:
   a chain of 32 tiny dependent matmuls;
-* memory bandwidth: ``x * a + x[::-1] * b`` over a 4 MiB f32 vector per device (12 bytes
+* memory bandwidth: ``x * a + x[::-1] * b`` over a 16 MiB f32 vector per device (12 bytes
   per element); vector FLOP/s: a fused chain of 16 multiply-adds per element; transcendental
   cost: ``tanh`` per element, in vector FLOPs;
 * per mesh axis, each collective (all-gather, reduce-scatter, all-reduce, all-to-all,
@@ -22,8 +22,9 @@ CPU host, 8 "devices" share the host's cores):
   (the link's alpha and beta) and for each kind on its own (``Link.per_kind``: a CPU
   host's all-to-all, for one, is far slower than its all-gather at equal bytes).
 
-Compute probes repeat their step (unfused) so that each runs for tens of milliseconds, as a
-program does: on a shared host a short burst gets more of the cores than a long run.
+Compute probes repeat their step so that each runs for tens of milliseconds, as a program
+does: on a shared host a short burst gets more of the cores than a long run (XLA fuses the
+repeated elementwise steps into one kernel, which is fine for FLOP rates).
 Each probe is compiled once; ``reps`` rounds run every probe once each (round-robin, so a
 change of machine load hits every probe alike) and the median per probe counts.
 ``Calibrator`` exposes the rounds so that a benchmark can interleave them with its own
@@ -53,7 +54,8 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 # data-parallel shard of a batch), batched small (attention heads)
 MATMULS = ((1, 256, 512, 512), (1, 128, 512, 512), (1, 32, 512, 1024), (16, 128, 32, 128))
 MATMUL_FLOPS = 2 ** 28  # FLOPs per device of one matmul probe (the shape repeated)
-ELEMS = 2 ** 20  # f32 elements per device for the memory / vector probes (4 MiB: more than a cache)
+ELEMS = 2 ** 20  # f32 elements per device for the vector / tanh probes (4 MiB)
+MEM_ELEMS = 2 ** 22  # f32 elements per device for the memory probe (16 MiB: no cache holds 8 of them)
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
 SUSTAIN = 4  # the other compute probes repeat their step this many times (unfused)
@@ -104,7 +106,7 @@ class Calibrator:
                                         NamedSharding(jm, every)) for s, v in zip(local_shapes, fill))
             return Probe(name, fn.lower(*args), args, info)  # compiled below, in parallel
 
-        def sustained(step, k):  # k steps, unfused: the probe runs for milliseconds, as a program does
+        def sustained(step, k):  # k steps: the probe runs for tens of milliseconds, as a program does
             def body(a, *rest):
                 for _ in range(k):
                     a = lax.optimization_barrier(step(a, *rest))
@@ -138,7 +140,7 @@ class Calibrator:
         self.probes.append(probe("conv", sustained(conv, SUSTAIN), (8, 32, 32, 16), (3, 3, 16, 16),
                                  fill=(0.5, 1 / 144), info=(SUSTAIN * 2 * 8 * 32 * 32 * 9 * 16 * 16,)))
         self.probes.append(probe("tiny", tiny_chain, (16, 16), fill=(1 / 16,), info=(TINY * 2 * 16 ** 3,)))
-        self.probes.append(probe("memory", sustained(lambda a: a * 0.5 + a[::-1] * 0.25, SUSTAIN), (ELEMS,)))
+        self.probes.append(probe("memory", lambda a: a * 0.5 + a[::-1] * 0.25, (MEM_ELEMS,)))
         self.probes.append(probe("vector", sustained(fma16, SUSTAIN), (ELEMS,)))
         self.probes.append(probe("tanh", sustained(jnp.tanh, SUSTAIN), (ELEMS,)))
         for axis, p in zip(mesh.axis_names, mesh.shape):
@@ -170,7 +172,7 @@ class Calibrator:
         conv_eff = min(1.0, conv.info[0] / net(conv) / rate)
         tiny = med["tiny"][0]
         overhead = max(0.0, (net(tiny) - tiny.info[0] / rate) / TINY)
-        bandwidth = SUSTAIN * 12 * ELEMS / max(net(med["memory"][0]) - SUSTAIN * overhead, 1e-7)
+        bandwidth = 12 * MEM_ELEMS / max(net(med["memory"][0]) - overhead, 1e-7)
         vector = SUSTAIN * 32 * ELEMS / max(net(med["vector"][0]) - SUSTAIN * overhead, 1e-7)
         trans = max(1.0, (net(med["tanh"][0]) - SUSTAIN * overhead) * vector / (SUSTAIN * ELEMS))
         links = []
