@@ -141,10 +141,11 @@ def test_peak_memory_of_a_straight_line_program_and_donation():
 
 def test_donation_read_from_the_plan():
     mesh = gp.Mesh.abstract((4,), ("m",))
-    plan = plan_of(lambda p, g: p - 0.1 * g, mesh, (None, None), (32, 32), (32, 32))
-    plan.donate_argnums = (0,)  # as gp.spmd(..., donate_argnums=...) records it (flat input indices)
-    assert plan.cost(H100).peak_memory_bytes == 2 * 4 * 1024
-    assert plan.cost(H100, donate=()).peak_memory_bytes == 3 * 4 * 1024
+    f = gp.spmd(lambda p, g: p - 0.1 * g, mesh, in_shardings=(None, None), donate_argnums=(0,))
+    plan = f.plan(S((32, 32), F32), S((32, 32), F32))
+    assert plan.donate_argnums == (0,)  # flat input indices
+    assert plan.cost(H100).peak_memory_bytes == 2 * 4 * 1024  # the plan's donation, by default
+    assert plan.cost(H100, donate=()).peak_memory_bytes == 3 * 4 * 1024  # overridden
     with pytest.raises(IndexError):
         plan.cost(H100, donate=(5,))
 
