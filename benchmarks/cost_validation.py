@@ -1,13 +1,15 @@
 """Predicted vs measured step time of 15 shardings of the reference programs on 8 CPU devices.
 
-    python benchmarks/cost_validation.py [--rounds 9] [--png cost_validation.png]
+    python benchmarks/cost_validation.py [--rounds 11] [--png cost_validation.png]
 
 Every config (benchmarks/cost_programs.py) is planned, compiled and given its inputs once.
 Then ``--rounds`` rounds each run every calibration probe of ``gp.Hardware.calibrate``
 (gspmd_py/cost/calibrate.py) once and every config once, so that the machine's load
-(shared cores) hits the calibration and the programs alike; the medians count. The
-hardware fitted from the probes prices every plan (``plan.cost(hw)``); the script prints
-measured and predicted times, Spearman's rank correlation, the median relative error and
+(shared cores) hits the calibration and the programs alike. Each round's probes give a
+hardware (``Calibrator.fit(round=r)``) that prices every plan (``plan.cost(hw)``) for that
+round; a config's measured and predicted times are the medians over the rounds. The
+compute and communication columns use the hardware fitted from the probes' medians. The
+script prints measured and predicted times, Spearman's rank correlation, the median relative error and
 the machine's load average, and plots predicted vs measured (needs matplotlib). The last
 column compares the model's FLOPs with XLA's own cost analysis of the compiled program.
 Targets (issue 11): Spearman >= 0.8, median relative error <= 30%.
@@ -47,7 +49,7 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--png", default="cost_validation.png")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore", gp.PartitionWarning)
@@ -73,13 +75,18 @@ def main(argv=None) -> dict:
             times.append(time.perf_counter() - t0)
     hw = cal.fit("this host")
     load1 = os.getloadavg()
+    # each round's step times are paired with the hardware fitted from that round's probes
+    # (taken seconds apart, under the same load); a config's prediction is its median
+    hws = [cal.fit("this host", round=r) for r in range(args.rounds)]
     meas, pred, rows = [], [], []
     for cfg, plan, exe, placed, times in runs:
         c = plan.cost(hw)
+        preds = [plan.cost(h).step_s for h in hws]
         m = float(np.median(times))
+        p = float(np.median(preds))
         meas.append(m)
-        pred.append(c.step_s)
-        rows.append((cfg.name, m, c.step_s, c.compute_s, c.comm_s, len(plan.collectives),
+        pred.append(p)
+        rows.append((cfg.name, m, p, c.compute_s, c.comm_s, len(plan.collectives),
                      float(np.percentile(times, 25)), float(np.percentile(times, 75)), c.flops / _xla_flops(exe)))
     meas, pred = np.asarray(meas), np.asarray(pred)
     rel = np.abs(pred - meas) / meas

@@ -160,12 +160,14 @@ class Calibrator:
         for pr in self.probes:
             pr.run()
 
-    def fit(self, name: str = "calibrated") -> Hardware:
+    def fit(self, name: str = "calibrated", round: Optional[int] = None) -> Hardware:
+        """The Hardware from the probes' medians, or from one round's times (``round``)."""
+        at = (lambda pr: pr.median) if round is None else (lambda pr: pr.times[round])
         med = {}
         for pr in self.probes:
             med.setdefault(pr.name, []).append(pr)
-        t0 = med["noop"][0].median
-        net = lambda pr: max(pr.median - t0, 1e-7)
+        t0 = at(med["noop"][0])
+        net = lambda pr: max(at(pr) - t0, 1e-7)
         # the harmonic mean of the shapes' rates (each shape's time per FLOP weighs the same)
         rate = len(med["matmul"]) / sum(net(pr) / pr.info[0] for pr in med["matmul"])
         conv = med["conv"][0]
