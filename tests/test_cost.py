@@ -295,3 +295,18 @@ def test_combined_collective_is_priced_as_one():
     assert c2.comm_s - c1.comm_s == pytest.approx(2 * 3 * nv.alpha)  # one alpha term fewer
     assert c1.comm_bytes == c2.comm_bytes == 64
     assert [o.label for o in c1.ops] == ["combined: op 1; op 2"]
+
+
+def test_combiner_output_is_priced_as_one_collective():
+    """Data-parallel gradients of two weights: the combiner issues one all-reduce for both."""
+    mesh = gp.Mesh.abstract((4,), ("d",))
+
+    def step(w1, w2, x):
+        return jax.grad(lambda w1, w2: jnp.sum(jnp.tanh(x @ w1) @ w2), argnums=(0, 1))(w1, w2)
+
+    plan = plan_of(step, mesh, (None, None, P("d", None)), (16, 32), (32, 8), (64, 16))
+    (cc,) = plan.cost(H100).collectives
+    # f32[16,32] + f32[32,8] = 2048 + 1024 B in one buffer, one alpha term
+    assert (cc.collective.kind, cc.collective.tensors, cc.collective.bytes_per_device) == ("all-reduce", 2, 3072)
+    nv = H100.topology.intra
+    assert cc.seconds == pytest.approx(2 * (3 * nv.alpha + 3 / 4 * 3072 / nv.beta))
