@@ -63,7 +63,7 @@ window_args = st.tuples(
 
 @given(st.integers(0, 10_000), st.integers(1, 3000))
 def test_shard_bounds_matches_np(n, k):
-    start, stop = im.shard_bounds(n, k)
+    start, stop = im.shard_bounds_nb(n, k)
     s2, e2 = im.shard_bounds_np(n, k)
     assert start.dtype == stop.dtype == np.int64 and start.shape == (k,)
     np.testing.assert_array_equal(start, s2)
@@ -83,7 +83,7 @@ def test_shard_bounds_brute(n, k):
 
 @given(st.integers(0, 500), st.integers(1, 300))
 def test_valid_mask(n, k):
-    m = im.valid_mask(n, k)
+    m = im.valid_mask_nb(n, k)
     assert m.dtype == np.bool_ and m.shape == (k, -(-n // k))
     np.testing.assert_array_equal(m, im.valid_mask_np(n, k))
     start, stop = im.shard_bounds(n, k)
@@ -92,7 +92,7 @@ def test_valid_mask(n, k):
 
 @given(st.lists(st.integers(0, 10**6), max_size=50), st.integers(0, 10**6))
 def test_offsets_for(idx, c):
-    a = im.offsets_for(idx, c)
+    a = im.offsets_for_nb(idx, c)
     assert a.dtype == np.int64
     np.testing.assert_array_equal(a, im.offsets_for_np(idx, c))
     np.testing.assert_array_equal(a, np.asarray([i * c for i in idx], dtype=np.int64).reshape(-1))
@@ -112,7 +112,7 @@ def test_offsets_for_broadcast_and_scalar():
 
 @given(window_args)
 def test_window_halos_matches_np(args):
-    a = im.window_halos(*args)
+    a = im.window_halos_nb(*args)
     b = im.window_halos_np(*args)
     _eq_dict(a, b)
     # the blocked NumPy path (tiny blocks) gives the same answer
@@ -123,7 +123,7 @@ def test_window_halos_matches_np(args):
        st.integers(1, 5), st.integers(-10, 60), st.integers(-10, 60), st.integers(1, 5))
 def test_window_halos_matches_np_large(n_in, k, window, stride, dilation, pad_lo, pad_hi, ld):
     args = (n_in, k, window, stride, dilation, pad_lo, pad_hi, ld)
-    _eq_dict(im.window_halos(*args), im.window_halos_np(*args))
+    _eq_dict(im.window_halos_nb(*args), im.window_halos_np(*args))
 
 
 @given(window_args)
@@ -241,7 +241,7 @@ def _brute_groups(shape, axes):
 @given(mesh_and_axes())
 def test_device_groups(ma):
     shape, axes = ma
-    g = im.device_groups(shape, axes)
+    g = im.device_groups_nb(shape, axes)
     assert g.dtype == np.int64
     np.testing.assert_array_equal(g, im.device_groups_np(shape, axes))
     np.testing.assert_array_equal(g, _brute_groups(shape, axes))
@@ -289,7 +289,7 @@ def _greedy(have, need):
 @given(have_need())
 def test_permutation_pairs(hn):
     have, need = hn
-    p = im.permutation_pairs(have, need)
+    p = im.permutation_pairs_nb(have, need)
     assert p.dtype == np.int64 and p.ndim == 2 and p.shape[1] == 2
     np.testing.assert_array_equal(p, im.permutation_pairs_np(have, need))
     np.testing.assert_array_equal(p, _greedy(have, need))
@@ -310,7 +310,7 @@ def test_permutation_pairs(hn):
 
 
 def test_permutation_pairs_missing_and_shapes():
-    for f in (im.permutation_pairs, im.permutation_pairs_np):
+    for f in (im.permutation_pairs, im.permutation_pairs_nb, im.permutation_pairs_np):
         with pytest.raises(ValueError, match="device 1 needs piece 9"):
             f([0, 1, 2], [0, 9, 1])
         with pytest.raises(ValueError):
@@ -323,7 +323,7 @@ def test_permutation_pairs_large_random():
     rng = np.random.default_rng(0)
     have = rng.permutation(5000)
     need = rng.permutation(5000)
-    p = im.permutation_pairs(have, need)
+    p = im.permutation_pairs_nb(have, need)
     np.testing.assert_array_equal(p, im.permutation_pairs_np(have, need))
     np.testing.assert_array_equal(have[p[:, 0]], need[p[:, 1]])
     assert len(np.unique(p[:, 0])) == len(p)  # a permutation: every source used once
@@ -340,6 +340,104 @@ def test_docstring_examples():
 
 def test_import_does_not_load_numba():
     code = ("import sys, gspmd_py, gspmd_py.partitioner.index_math as m; "
-            "assert 'numba' not in sys.modules; m.shard_bounds_np(5, 2); "
-            "assert 'numba' not in sys.modules; m.shard_bounds(5, 2); assert 'numba' in sys.modules")
+            "assert 'numba' not in sys.modules; m.shard_bounds_np(5, 2); m.shard_bounds(5, 2); "
+            "assert 'numba' not in sys.modules; m.shard_bounds_nb(5, 2); assert 'numba' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dispatch_picks_numba_only_where_it_pays(monkeypatch):
+    """Small work runs the NumPy twin (Numba never loaded for it); past the crossover the
+    kernel runs; the results are the same either way."""
+    calls = []
+    monkeypatch.setattr(im, "_call", lambda name, *a: calls.append(name) or im._jit(name)(*a))
+    np.testing.assert_array_equal(im.shard_bounds(10, 4)[0], [0, 3, 6, 9])
+    assert calls == []
+    monkeypatch.setattr(im, "NUMBA_COLD_WORK", dict.fromkeys(im.NUMBA_COLD_WORK, 4))
+    np.testing.assert_array_equal(im.shard_bounds(10, 4)[0], [0, 3, 6, 9])
+    h = im.window_halos(10, 4, 3, 1, 1, 1, 1, 1)
+    _eq_dict(h, im.window_halos_np(10, 4, 3, 1, 1, 1, 1, 1))
+    assert calls == ["shard_bounds", "window_halos"]
+
+
+def test_planning_a_spatial_conv_on_8_devices_does_not_load_numba():
+    code = ("import os; os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'; "
+            "import sys, numpy as np, jax, gspmd_py as gp; from jax import lax; "
+            "f = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')); "
+            "S = jax.ShapeDtypeStruct; "
+            "p = gp.spmd(f, gp.Mesh((2, 4), ('x', 'y')), in_shardings=(gp.P('x', 'y', None, None), None))"
+            ".plan(S((4, 32, 32, 8), np.float32), S((3, 3, 8, 8), np.float32)); "
+            "assert any(c.kind == 'collective-permute' for c in p.collectives), p.collectives; "
+            "assert 'numba' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------------------
+# fetch_rounds (the halo planner's transfers)
+# ----------------------------------------------------------------------------------------
+
+def _brute_rounds(lo, hi, a, c, holder):
+    """The halo planner's former per-shard loops: one piece per (device, shard) overlap."""
+    k = len(lo)
+    own = np.zeros((3, k), np.int64)
+    by_shift: dict[int, list] = {}
+    for i in range(k):
+        if hi[i] <= lo[i]:
+            continue
+        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
+            r0, r1 = max(lo[i], m * c), min(hi[i], m * c + c)
+            src = holder[m]
+            if src == i:
+                own[:, i] = (r0 - m * c, r0 - a[i], r1 - r0)
+            else:
+                by_shift.setdefault(m - i, []).append((i, src, r0 - m * c, r0 - a[i], r1 - r0))
+    shifts = sorted(by_shift)
+    tabs = np.zeros((3, len(shifts), k), np.int64)
+    source = np.full((len(shifts), k), -1, np.int64)
+    for r, sh in enumerate(shifts):
+        for i, src, so, do, ln in by_shift[sh]:
+            tabs[0, r, src], tabs[1, r, i], tabs[2, r, i], source[r, i] = so, do, ln, src
+    return im.FetchRounds(own[0], own[1], own[2], np.asarray(shifts, np.int64).reshape(-1), tabs[0], tabs[1],
+                          tabs[2], source)
+
+
+@st.composite
+def fetch_case(draw):
+    k = draw(st.integers(1, 12))
+    c = draw(st.integers(1, 6))
+    S = draw(st.integers(1, 3 * c + 2))
+    a = np.asarray([i * c - draw(st.integers(0, c + 1)) for i in range(k)], np.int64)
+    n = draw(st.integers(max(0, k * c - c + 1), k * c))
+    lo = np.maximum(a, 0)
+    hi = np.maximum(np.minimum(a + S, n), lo)
+    cut = np.asarray(draw(st.lists(st.booleans(), min_size=k, max_size=k)))
+    hi = np.where(cut, lo + (hi - lo) // 2, hi)  # some devices need less (or nothing)
+    holder = np.asarray(draw(st.permutations(range(k))) if draw(st.booleans()) else range(k), np.int64)
+    return lo, hi, a, c, holder
+
+
+def _eq_rounds(x, y):
+    for f in im.FetchRounds._fields:
+        u, v = getattr(x, f), getattr(y, f)
+        assert u.dtype == v.dtype == np.int64, f
+        np.testing.assert_array_equal(u, v, err_msg=f)
+
+
+@given(fetch_case())
+def test_fetch_rounds_nb_np_brute(case):
+    ref = _brute_rounds(*case)
+    _eq_rounds(im.fetch_rounds_nb(*case), ref)
+    _eq_rounds(im.fetch_rounds_np(*case), ref)
+    _eq_rounds(im.fetch_rounds(*case), ref)
+
+
+def test_fetch_rounds_8192_shards_and_errors():
+    k, c = 8192, 4
+    a = np.arange(k, dtype=np.int64) * c - 2  # a 5-row window, SAME: 2 rows each side
+    lo, hi = np.maximum(a, 0), np.minimum(a + c + 4, k * c)
+    r = im.fetch_rounds_np(lo, hi, a, c)
+    _eq_rounds(r, im.fetch_rounds_nb(lo, hi, a, c))
+    assert r.shift.tolist() == [-1, 1] and r.length.max() == 2
+    with pytest.raises(ValueError, match="one entry per device"):
+        im.fetch_rounds_np([0, 1], [1], [0, 0], 1)
+    with pytest.raises(ValueError, match=r"\[0, k\*c\)"):
+        im.fetch_rounds_nb([0], [5], [0], 4)

@@ -122,45 +122,16 @@ def plan_fetch(ctx: Ctx, axes: Sequence[str], *, n: int, c: int, a: np.ndarray, 
     hi = np.maximum(hi, lo)
     if whole or k == 1:
         return FetchPlan(axes, k, c, S, a, lo, hi, True, None, ())
-    holder = np.arange(k, dtype=np.int64) if holder is None else np.asarray(holder, np.int64)
-    # shard m covers global rows [m*c, (m+1)*c) (index_math.shard_bounds, unclipped)
-    starts = index_math.shard_bounds(k * c, k)[0]
-    own_src = np.zeros(k, np.int64)
-    own_dst = np.zeros(k, np.int64)
-    own_len = np.zeros(k, np.int64)
-    transfers: list[tuple[int, int, int, int, int, int]] = []  # (shift, dst, src, src_off, dst_off, len)
-    for i in range(k):
-        if hi[i] <= lo[i]:
-            continue
-        for m in range(int(lo[i] // c), int((hi[i] - 1) // c) + 1):
-            r0 = max(int(lo[i]), int(starts[m]))
-            r1 = min(int(hi[i]), int(starts[m]) + c)
-            if r1 <= r0:
-                continue
-            src = int(holder[m])
-            so, do, ln = r0 - int(starts[m]), r0 - int(a[i]), r1 - r0
-            if src == i:
-                own_src[i], own_dst[i], own_len[i] = so, do, ln
-            else:
-                transfers.append((m - i, i, src, so, do, ln))
-    # one round per shift (source shard - destination): device i gets its piece from shard
-    # i+shift, a permutation since holder is one (left halo: shift -1, right halo: +1)
-    transfers.sort()
-    rounds_tx: dict[int, list[tuple]] = {}
-    for t in transfers:
-        rounds_tx.setdefault(t[0], []).append(t)
+    # every piece, grouped in rounds by shift (source shard - destination): device i gets its
+    # piece from shard i+shift, a permutation since holder is one (left halo: shift -1,
+    # right halo: +1); vectorised over devices (index_math.fetch_rounds)
+    fr = index_math.fetch_rounds(lo, hi, a, c, holder)
     rounds = []
-    for _, tx in sorted(rounds_tx.items()):
-        src_off = np.zeros(k, np.int64)
-        dst_off = np.zeros(k, np.int64)
-        length = np.zeros(k, np.int64)
-        need = np.full(k, -1, np.int64)
-        for _, dst, src, so, do, ln in tx:
-            src_off[src], dst_off[dst], length[dst] = so, do, ln
-            need[dst] = src
-        pairs = index_math.permutation_pairs(np.arange(k, dtype=np.int64), need)
-        rounds.append(Round(tuple((int(s), int(d)) for s, d in pairs), src_off, dst_off, length, int(length.max())))
-    own = Round((), own_src, own_dst, own_len, int(own_len.max())) if own_len.max() > 0 else None
+    for r in range(fr.shift.size):
+        dst = np.flatnonzero(fr.source[r] >= 0)
+        pairs = tuple(zip(fr.source[r, dst].tolist(), dst.tolist()))
+        rounds.append(Round(pairs, fr.src_off[r], fr.dst_off[r], fr.length[r], int(fr.length[r].max())))
+    own = Round((), fr.own_src, fr.own_dst, fr.own_len, int(fr.own_len.max())) if fr.own_len.max() > 0 else None
     return FetchPlan(axes, k, c, S, a, lo, hi, False, own, tuple(rounds))
 
 

@@ -6,14 +6,23 @@ and the rest of its ``c`` local rows is padding. When ``k*c - n >= c`` some trai
 shards are entirely padding (empty), e.g. ``n=5, k=4`` gives ``c=2`` and shards
 ``[0,2) [2,4) [4,5) [5,5)``.
 
-Every function exists twice with identical results:
+Every function exists three times, with identical results:
 
-* ``foo``: a thin Python wrapper (argument checking, conversion to int64 NumPy) around
-  a Numba ``@njit(cache=True)`` kernel. Numba is imported lazily, on the first call of
-  a jitted function, so ``import gspmd_py`` stays cheap; ``cache=True`` stores the
-  compiled code next to this file so later processes only load it.
 * ``foo_np``: a pure-NumPy twin, vectorised over shards (Python loops only over mesh
-  axes or over blocks of window elements, never over shards).
+  axes, blocks of window elements or halo rounds, never over shards).
+* ``foo_nb``: a thin Python wrapper (argument checking, conversion to int64 NumPy) around
+  a Numba ``@njit(cache=True)`` kernel. Numba is imported lazily, on the first call of
+  a kernel, so ``import gspmd_py`` stays cheap; ``cache=True`` stores the compiled code
+  next to this file so later processes only load it.
+* ``foo``: what the partitioner calls. Loading Numba costs far more (about 0.2 s to
+  import it and 0.05-0.4 s to load the first cached kernel) than the NumPy twins take on
+  any mesh that exists (tens of microseconds at 8,192 shards), so ``foo`` runs the NumPy
+  twin unless the work (about: shards x inner iterations) is at least the kernel's
+  :data:`NUMBA_COLD_WORK` (where the twin's extra time pays for loading Numba), or the
+  kernel is already loaded in this process and the work is at least
+  :data:`NUMBA_WARM_WORK` (where the kernel beats the twin call for call). Both
+  crossovers are measured by ``python -m benchmarks --only index``
+  (``benchmarks/results/index_math.md``).
 
 All outputs are int64 (or bool) NumPy arrays. Scalars in the dicts returned by
 :func:`window_halos` are Python ints.
@@ -23,22 +32,36 @@ from __future__ import annotations
 import math
 import operator
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 __all__ = [
-    "shard_bounds", "shard_bounds_np",
-    "valid_mask", "valid_mask_np",
-    "window_halos", "window_halos_np",
-    "device_groups", "device_groups_np",
-    "permutation_pairs", "permutation_pairs_np",
-    "offsets_for", "offsets_for_np",
-    "jit_kernels",
+    "shard_bounds", "shard_bounds_np", "shard_bounds_nb",
+    "valid_mask", "valid_mask_np", "valid_mask_nb",
+    "window_halos", "window_halos_np", "window_halos_nb",
+    "device_groups", "device_groups_np", "device_groups_nb",
+    "permutation_pairs", "permutation_pairs_np", "permutation_pairs_nb",
+    "offsets_for", "offsets_for_np", "offsets_for_nb",
+    "fetch_rounds", "fetch_rounds_np", "fetch_rounds_nb",
+    "jit_kernels", "NUMBA_COLD_WORK", "NUMBA_WARM_WORK",
 ]
 
 _I64 = np.int64
 _I64_MAX = np.iinfo(np.int64).max
+
+#: Per kernel: the work (about: shards x inner iterations) from which ``foo`` loads Numba to run
+#: the kernel in a process that has not loaded it yet, i.e. where the NumPy twin's extra time
+#: over the kernel's pays for Numba's import and the kernel's cache load (~0.5-1.5 s); measured
+#: by ``python -m benchmarks --only index`` (benchmarks/results/index_math.md), rounded to a
+#: power of two. No mesh that exists comes near: 8,192 shards are at most ~10^5 units of work.
+NUMBA_COLD_WORK: dict[str, int] = {
+    "shard_bounds": 1 << 30, "valid_mask": 1 << 29, "window_halos": 1 << 25, "device_groups": 1 << 31,
+    "permutation_pairs": 1 << 22, "offsets_for": 1 << 40, "fetch_rounds": 1 << 22,
+}
+#: Work from which a kernel already loaded in this process beats its NumPy twin call for call
+#: (measured: from the smallest sizes for all but ``offsets_for``, which only ties).
+NUMBA_WARM_WORK = 1 << 8
 
 
 # ----------------------------------------------------------------------------------------
@@ -47,6 +70,7 @@ _I64_MAX = np.iinfo(np.int64).max
 # ----------------------------------------------------------------------------------------
 
 _JITTED: dict[str, Callable[..., Any]] = {}
+_LOADED: set[str] = set()  # kernels compiled or loaded from the cache in this process
 _JIT_LOCK = threading.Lock()
 _CACHEABLE = __name__ == "gspmd_py.partitioner.index_math"
 
@@ -67,13 +91,30 @@ def _jit(name: str) -> Callable[..., Any]:
     return fn
 
 
+def _call(name: str, *args: Any) -> Any:
+    out = _jit(name)(*args)
+    _LOADED.add(name)
+    return out
+
+
+def use_numba(name: str, work: int) -> bool:
+    """Does running kernel ``name`` on ``work`` units pay for Numba (see the module docstring)?
+
+    >>> use_numba("shard_bounds", 8)
+    False
+    >>> use_numba("shard_bounds", NUMBA_COLD_WORK["shard_bounds"])
+    True
+    """
+    return work >= NUMBA_COLD_WORK[name] or (work >= NUMBA_WARM_WORK and name in _LOADED)
+
+
 def jit_kernels() -> tuple[str, ...]:
     """Names of the Numba kernels (``jit_kernels()`` -> ``("shard_bounds", ...)``).
 
     Useful for warm-up: ``for n in jit_kernels(): ...``. Does not import Numba.
     """
     return ("shard_bounds", "valid_mask", "window_halos", "device_groups", "permutation_pairs",
-            "offsets_for")
+            "offsets_for", "fetch_rounds")
 
 
 # ----------------------------------------------------------------------------------------
@@ -108,7 +149,7 @@ def _shard_bounds_kernel(n, k):
     return start, stop
 
 
-def shard_bounds(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def shard_bounds_nb(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Global row range ``[start[i], stop[i])`` of each of ``k`` shards of a dim of size ``n``.
 
     ``c = ceil(n/k)``; ``start = min(i*c, n)``, ``stop = min((i+1)*c, n)`` (int64[k]).
@@ -116,15 +157,15 @@ def shard_bounds(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     >>> start, stop = shard_bounds(10, 4)          # c = 3
     >>> start.tolist(), stop.tolist()
     ([0, 3, 6, 9], [3, 6, 9, 10])
-    >>> [a.tolist() for a in shard_bounds(5, 4)]   # c = 2: last shard is empty
+    >>> [a.tolist() for a in shard_bounds_nb(5, 4)]   # c = 2: last shard is empty
     [[0, 2, 4, 5], [2, 4, 5, 5]]
     """
     n, k = _int(n, "n", 0), _int(k, "k", 1)
-    return _jit("shard_bounds")(_I64(n), _I64(k))
+    return _call("shard_bounds", _I64(n), _I64(k))
 
 
 def shard_bounds_np(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy twin of :func:`shard_bounds`.
+    """NumPy twin of :func:`shard_bounds_nb`.
 
     >>> [a.tolist() for a in shard_bounds_np(10, 4)]
     [[0, 3, 6, 9], [3, 6, 9, 10]]
@@ -133,6 +174,16 @@ def shard_bounds_np(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     c = _ceil_div(n, k)
     i = np.arange(k, dtype=_I64)
     return np.minimum(i * c, n), np.minimum((i + 1) * c, n)
+
+
+def shard_bounds(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`shard_bounds_np` or :func:`shard_bounds_nb`, whichever pays (work: ``k``).
+
+    >>> [a.tolist() for a in shard_bounds(10, 4)]
+    [[0, 3, 6, 9], [3, 6, 9, 10]]
+    """
+    kk = _int(k, "k", 1)
+    return shard_bounds_nb(n, k) if use_numba("shard_bounds", kk) else shard_bounds_np(n, k)
 
 
 # ========================================================================================
@@ -149,18 +200,18 @@ def _valid_mask_kernel(n, k):
     return out
 
 
-def valid_mask(n: int, k: int) -> np.ndarray:
+def valid_mask_nb(n: int, k: int) -> np.ndarray:
     """bool[k, c]: True where local row ``r`` of shard ``i`` is a real row (``i*c + r < n``).
 
     >>> valid_mask(5, 4).astype(int).tolist()      # c = 2
     [[1, 1], [1, 1], [1, 0], [0, 0]]
     """
     n, k = _int(n, "n", 0), _int(k, "k", 1)
-    return _jit("valid_mask")(_I64(n), _I64(k))
+    return _call("valid_mask", _I64(n), _I64(k))
 
 
 def valid_mask_np(n: int, k: int) -> np.ndarray:
-    """NumPy twin of :func:`valid_mask`.
+    """NumPy twin of :func:`valid_mask_nb`.
 
     >>> valid_mask_np(5, 4).astype(int).tolist()
     [[1, 1], [1, 1], [1, 0], [0, 0]]
@@ -168,6 +219,16 @@ def valid_mask_np(n: int, k: int) -> np.ndarray:
     n, k = _int(n, "n", 0), _int(k, "k", 1)
     c = _ceil_div(n, k)
     return (np.arange(k, dtype=_I64)[:, None] * c + np.arange(c, dtype=_I64)[None, :]) < n
+
+
+def valid_mask(n: int, k: int) -> np.ndarray:
+    """:func:`valid_mask_np` or :func:`valid_mask_nb`, whichever pays (work: ``k * c``).
+
+    >>> valid_mask(3, 2).astype(int).tolist()
+    [[1, 1], [1, 0]]
+    """
+    nn, kk = _int(n, "n", 0), _int(k, "k", 1)
+    return valid_mask_nb(n, k) if use_numba("valid_mask", kk * _ceil_div(nn, kk)) else valid_mask_np(n, k)
 
 
 # ========================================================================================
@@ -304,7 +365,7 @@ def _halo_dict(arrays: Sequence[np.ndarray], n_out: int) -> dict[str, Any]:
     return d
 
 
-def window_halos(n_in: int, k: int, window: int, stride: int = 1, dilation: int = 1,
+def window_halos_nb(n_in: int, k: int, window: int, stride: int = 1, dilation: int = 1,
                  pad_lo: int = 0, pad_hi: int = 0, lhs_dilation: int = 1) -> dict[str, Any]:
     """Per-shard input ranges and halo sizes of a 1-D windowed op (conv / reduce_window dim).
 
@@ -350,14 +411,14 @@ def window_halos(n_in: int, k: int, window: int, stride: int = 1, dilation: int 
     (1, 1, 10)
     """
     p = _window_params(n_in, k, window, stride, dilation, pad_lo, pad_hi, lhs_dilation)
-    arrays = _jit("window_halos")(*[_I64(v) for v in p])
+    arrays = _call("window_halos", *[_I64(v) for v in p])
     return _halo_dict(arrays, p[7])
 
 
 def window_halos_np(n_in: int, k: int, window: int, stride: int = 1, dilation: int = 1,
                     pad_lo: int = 0, pad_hi: int = 0, lhs_dilation: int = 1,
                     *, block_elems: int = 1 << 20) -> dict[str, Any]:
-    """NumPy twin of :func:`window_halos` (``block_elems`` bounds the temporaries' size).
+    """NumPy twin of :func:`window_halos_nb` (``block_elems`` bounds the temporaries' size).
 
     Vectorised over shards; loops over blocks of the smaller of (window, c_out).
 
@@ -426,6 +487,21 @@ def window_halos_np(n_in: int, k: int, window: int, stride: int = 1, dilation: i
     return _halo_dict((a, b, in_lo, in_hi, left, right, wstart, ss, se), n_out)
 
 
+def window_halos(n_in: int, k: int, window: int, stride: int = 1, dilation: int = 1,
+                 pad_lo: int = 0, pad_hi: int = 0, lhs_dilation: int = 1) -> dict[str, Any]:
+    """:func:`window_halos_np` or :func:`window_halos_nb` (the semantics), whichever pays
+    (work: ``k * min(window, c_out)``, the slow path's inner loop).
+
+    >>> window_halos(10, 2, window=3, pad_lo=1, pad_hi=1)["right_halo"].tolist()
+    [1, 0]
+    """
+    args = (n_in, k, window, stride, dilation, pad_lo, pad_hi, lhs_dilation)
+    p = _window_params(*args)
+    if use_numba("window_halos", p[1] * min(p[2], p[8])):
+        return window_halos_nb(*args)
+    return window_halos_np(*args)
+
+
 # ========================================================================================
 # 4. device_groups
 # ========================================================================================
@@ -488,7 +564,7 @@ def _device_groups_kernel(shape, axes):
     return out
 
 
-def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+def device_groups_nb(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
     """int64[num_groups, group_size]: the device groups of a collective over mesh ``axes``.
 
     Devices are the row-major positions ``0 .. prod(mesh_shape)-1``. Row ``g`` lists the
@@ -504,11 +580,11 @@ def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
     [[0, 3, 1, 4, 2, 5]]
     """
     shape, ax = _mesh_args(mesh_shape, axes)
-    return _jit("device_groups")(shape, ax)
+    return _call("device_groups", shape, ax)
 
 
 def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """NumPy twin of :func:`device_groups`.
+    """NumPy twin of :func:`device_groups_nb`.
 
     >>> device_groups_np((2, 2, 2), (2, 0)).tolist()
     [[0, 4, 1, 5], [2, 6, 3, 7]]
@@ -528,6 +604,17 @@ def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarr
         return pos
 
     return lin(rest)[:, None] + lin(ax.tolist())[None, :]
+
+
+def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+    """:func:`device_groups_np` or :func:`device_groups_nb`, whichever pays (work: devices).
+
+    >>> device_groups((2, 3), (0,)).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+    """
+    shape, _ = _mesh_args(mesh_shape, axes)
+    work = int(np.prod(shape, dtype=np.int64))
+    return device_groups_nb(mesh_shape, axes) if use_numba("device_groups", work) else device_groups_np(mesh_shape, axes)
 
 
 # ========================================================================================
@@ -570,7 +657,7 @@ def _permutation_pairs_kernel(have, need):
     return out[:m].copy(), -1
 
 
-def permutation_pairs(have: Any, need: Any) -> np.ndarray:
+def permutation_pairs_nb(have: Any, need: Any) -> np.ndarray:
     """int64[m, 2] ``(source, dest)`` transfers so that each device gets the piece it needs.
 
     Device ``s`` holds the piece with key ``have[s]``; device ``d`` needs the piece with key
@@ -591,14 +678,14 @@ def permutation_pairs(have: Any, need: Any) -> np.ndarray:
     [[2, 1], [0, 2], [1, 3]]
     """
     h, n = _perm_args(have, need)
-    pairs, bad = _jit("permutation_pairs")(h, n)
+    pairs, bad = _call("permutation_pairs", h, n)
     if bad >= 0:
         raise _missing_error(n, int(bad))
     return pairs
 
 
 def permutation_pairs_np(have: Any, need: Any) -> np.ndarray:
-    """NumPy twin of :func:`permutation_pairs`.
+    """NumPy twin of :func:`permutation_pairs_nb`.
 
     >>> permutation_pairs_np([5, 5, 7, -1], [5, 7, 5, 5]).tolist()
     [[2, 1], [0, 2], [1, 3]]
@@ -620,6 +707,16 @@ def permutation_pairs_np(have: Any, need: Any) -> np.ndarray:
     rank[o2] = np.arange(kd.size, dtype=_I64) - np.searchsorted(skd, skd, side="left")
     src = order[lo + np.where(rank < cnt, rank, 0)]
     return np.stack([src, dests], axis=1).astype(_I64, copy=False).reshape(-1, 2)
+
+
+def permutation_pairs(have: Any, need: Any) -> np.ndarray:
+    """:func:`permutation_pairs_np` or :func:`permutation_pairs_nb`, whichever pays (work: devices).
+
+    >>> permutation_pairs([0, 1, 2, 3], [1, 2, 3, 0]).tolist()   # cyclic shift
+    [[1, 0], [2, 1], [3, 2], [0, 3]]
+    """
+    h, n = _perm_args(have, need)
+    return permutation_pairs_nb(h, n) if use_numba("permutation_pairs", h.size) else permutation_pairs_np(h, n)
 
 
 # ========================================================================================
@@ -644,7 +741,7 @@ def _offset_args(shard_index: Any, c: Any) -> tuple[np.ndarray, np.ndarray, tupl
     return flat[0], flat[1], shape
 
 
-def offsets_for(shard_index: Any, c: Any) -> np.ndarray:
+def offsets_for_nb(shard_index: Any, c: Any) -> np.ndarray:
     """Elementwise ``shard_index * c`` as int64 (first global row of a shard; broadcasts).
 
     Returns an ndarray of the broadcast shape (0-d for scalar arguments).
@@ -655,14 +752,180 @@ def offsets_for(shard_index: Any, c: Any) -> np.ndarray:
     [[0, 0], [2, 3]]
     """
     i, cc, shape = _offset_args(shard_index, c)
-    return _jit("offsets_for")(i, cc).reshape(shape)
+    return _call("offsets_for", i, cc).reshape(shape)
 
 
 def offsets_for_np(shard_index: Any, c: Any) -> np.ndarray:
-    """NumPy twin of :func:`offsets_for`.
+    """NumPy twin of :func:`offsets_for_nb`.
 
     >>> offsets_for_np([0, 1, 3], 4).tolist()
     [0, 4, 12]
     """
     i, cc, shape = _offset_args(shard_index, c)
     return (i * cc).reshape(shape)
+
+
+def offsets_for(shard_index: Any, c: Any) -> np.ndarray:
+    """:func:`offsets_for_np` or :func:`offsets_for_nb`, whichever pays (work: elements).
+
+    >>> offsets_for([0, 1, 3], 4).tolist()
+    [0, 4, 12]
+    """
+    i, _, _ = _offset_args(shard_index, c)
+    return offsets_for_nb(shard_index, c) if use_numba("offsets_for", i.size) else offsets_for_np(shard_index, c)
+
+
+# ========================================================================================
+# 7. fetch_rounds (the halo planner's transfers)
+# ========================================================================================
+
+class FetchRounds(NamedTuple):
+    """The transfers that give every device the rows it needs (see :func:`fetch_rounds_nb`).
+
+    ``own_*`` are int64[k]; the rest are int64[R, k] for the R rounds (one per shift).
+    """
+
+    own_src: np.ndarray  # per device: first local row of its own piece
+    own_dst: np.ndarray  # per device: where its own piece goes in its segment
+    own_len: np.ndarray  # per device: rows of its own piece (0: none)
+    shift: np.ndarray  # int64[R], increasing: source shard minus destination device
+    src_off: np.ndarray  # [r, s]: first local row device s sends in round r
+    dst_off: np.ndarray  # [r, d]: where device d puts the rows it receives in round r
+    length: np.ndarray  # [r, d]: rows device d receives in round r (0: none)
+    source: np.ndarray  # [r, d]: the device d receives from in round r (-1: none)
+
+
+def _fetch_args(lo: Any, hi: Any, a: Any, c: int, holder: Any) -> tuple:
+    lo = np.ascontiguousarray(np.asarray(lo), dtype=_I64).reshape(-1)
+    hi = np.ascontiguousarray(np.asarray(hi), dtype=_I64).reshape(-1)
+    a = np.ascontiguousarray(np.asarray(a), dtype=_I64).reshape(-1)
+    c = _int(c, "c", 1)
+    k = lo.size
+    holder = (np.arange(k, dtype=_I64) if holder is None
+              else np.ascontiguousarray(np.asarray(holder), dtype=_I64).reshape(-1))
+    if not (hi.size == a.size == holder.size == k):
+        raise ValueError(f"lo, hi, a and holder must have one entry per device, got sizes "
+                         f"{lo.size}, {hi.size}, {a.size}, {holder.size}")
+    has = hi > lo
+    if k and (np.any(lo[has] < 0) or np.any(hi[has] > k * c)):
+        raise ValueError(f"rows to fetch must lie in [0, k*c) = [0, {k * c})")
+    return lo, hi, a, c, holder
+
+
+def _fetch_rounds_kernel(lo, hi, a, c, holder):
+    k = lo.shape[0]
+    own_src = np.zeros(k, np.int64)
+    own_dst = np.zeros(k, np.int64)
+    own_len = np.zeros(k, np.int64)
+    # pass 1: which shifts occur (shift = m - i lies in [-(k-1), k-1])
+    present = np.zeros(2 * k + 1, np.bool_)
+    for i in range(k):
+        if hi[i] <= lo[i]:
+            continue
+        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
+            if holder[m] != i:
+                present[m - i + k] = True
+    slot = np.full(2 * k + 1, -1, np.int64)
+    nr = 0
+    for t in range(2 * k + 1):
+        if present[t]:
+            slot[t] = nr
+            nr += 1
+    shift = np.empty(nr, np.int64)
+    for t in range(2 * k + 1):
+        if slot[t] >= 0:
+            shift[slot[t]] = t - k
+    src_off = np.zeros((nr, k), np.int64)
+    dst_off = np.zeros((nr, k), np.int64)
+    length = np.zeros((nr, k), np.int64)
+    source = np.full((nr, k), -1, np.int64)
+    # pass 2: fill the pieces
+    for i in range(k):
+        if hi[i] <= lo[i]:
+            continue
+        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
+            r0 = max(lo[i], m * c)
+            r1 = min(hi[i], m * c + c)
+            src = holder[m]
+            if src == i:
+                own_src[i] = r0 - m * c
+                own_dst[i] = r0 - a[i]
+                own_len[i] = r1 - r0
+            else:
+                r = slot[m - i + k]
+                src_off[r, src] = r0 - m * c
+                dst_off[r, i] = r0 - a[i]
+                length[r, i] = r1 - r0
+                source[r, i] = src
+    return own_src, own_dst, own_len, shift, src_off, dst_off, length, source
+
+
+def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+    """The transfers that give device ``i`` the real rows ``[lo[i], hi[i])`` of a sharded dim.
+
+    The dim is held in shards of ``c`` rows: shard ``m`` (rows ``[m*c, (m+1)*c)``) lives on
+    device ``holder[m]`` (default: device ``m``). Device ``i`` places its rows in a segment
+    whose row 0 is global row ``a[i]``. Every overlap of ``[lo[i], hi[i])`` with a shard is
+    one piece: from the device itself (``own_*``: source row, segment row, length), or a
+    transfer in the round of its shift ``m - i`` (left halo: shift -1, right halo: +1). In a
+    round each device receives at most one piece and sends at most one (``holder`` is a
+    permutation), so a round is one collective-permute: pairs ``(source[r, d], d)`` for
+    every ``d`` with ``source[r, d] >= 0``.
+
+    >>> # 3x3 SAME conv, 16 rows over 4 shards (c = 4): device i needs rows [4i-1, 4i+5)
+    >>> r = fetch_rounds_nb([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
+    >>> r.shift.tolist(), r.source.tolist()
+    ([-1, 1], [[-1, 0, 1, 2], [1, 2, 3, -1]])
+    >>> r.length.tolist(), r.own_len.tolist()
+    ([[0, 1, 1, 1], [1, 1, 1, 0]], [4, 4, 4, 4])
+    >>> r.src_off.tolist(), r.dst_off.tolist()        # left halo: a neighbour's last row
+    ([[3, 3, 3, 0], [0, 0, 0, 0]], [[0, 0, 0, 0], [5, 5, 5, 0]])
+    """
+    return FetchRounds(*_call("fetch_rounds", *_fetch_args(lo, hi, a, c, holder)))
+
+
+def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+    """NumPy twin of :func:`fetch_rounds_nb` (vectorised over pieces; no loop over shards).
+
+    >>> fetch_rounds_np([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4).shift.tolist()
+    [-1, 1]
+    """
+    lo, hi, a, c, holder = _fetch_args(lo, hi, a, c, holder)
+    k = lo.size
+    has = hi > lo
+    m0 = np.where(has, lo // c, 0)
+    cnt = np.where(has, (hi - 1) // c + 1 - m0, 0)
+    dev = np.repeat(np.arange(k, dtype=_I64), cnt)
+    first = np.cumsum(cnt) - cnt
+    m = np.repeat(m0, cnt) + (np.arange(dev.size, dtype=_I64) - np.repeat(first, cnt))
+    r0 = np.maximum(lo[dev], m * c)
+    r1 = np.minimum(hi[dev], m * c + c)
+    src = holder[m]
+    so, do, ln = r0 - m * c, r0 - a[dev], r1 - r0
+    own = src == dev
+    own_src, own_dst, own_len = (np.zeros(k, _I64) for _ in range(3))
+    own_src[dev[own]], own_dst[dev[own]], own_len[dev[own]] = so[own], do[own], ln[own]
+    t = ~own
+    shift, r = np.unique(m[t] - dev[t], return_inverse=True)
+    r = r.reshape(-1)
+    src_off, dst_off, length = (np.zeros((shift.size, k), _I64) for _ in range(3))
+    source = np.full((shift.size, k), -1, _I64)
+    src_off[r, src[t]] = so[t]
+    dst_off[r, dev[t]] = do[t]
+    length[r, dev[t]] = ln[t]
+    source[r, dev[t]] = src[t]
+    return FetchRounds(own_src, own_dst, own_len, shift.astype(_I64), src_off, dst_off, length, source)
+
+
+def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+    """:func:`fetch_rounds_np` or :func:`fetch_rounds_nb`, whichever pays (work: pieces).
+
+    >>> fetch_rounds([0, 3], [5, 8], a=[-1, 3], c=4).source.tolist()
+    [[-1, 0], [1, -1]]
+    """
+    lo_, hi_ = np.asarray(lo, dtype=_I64).reshape(-1), np.asarray(hi, dtype=_I64).reshape(-1)
+    span = int(np.max(hi_ - lo_)) if lo_.size else 0
+    work = lo_.size * (max(span, 0) // max(_int(c, "c", 1), 1) + 2)
+    if use_numba("fetch_rounds", work):
+        return fetch_rounds_nb(lo, hi, a, c, holder)
+    return fetch_rounds_np(lo, hi, a, c, holder)
