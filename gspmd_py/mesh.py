@@ -17,6 +17,7 @@ uses ``y:(1)2`` and ``y:(2)2``.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Sequence
 
 import attrs
@@ -25,9 +26,13 @@ import numpy as np
 from .errors import MeshError, SpecError
 
 
-@attrs.frozen(order=True)
+@attrs.frozen(order=True, cache_hash=True)
 class AxisRef:
-    """A mesh axis or a sub-axis of one: ``name:(pre)size``."""
+    """A mesh axis or a sub-axis of one: ``name:(pre)size``.
+
+    ``Mesh.sub`` (and so ``Mesh.ref``) returns one shared object per sub-axis of a mesh, so
+    comparing the AxisRefs of one mesh is mostly an identity check (the hash is cached).
+    """
 
     name: str
     pre: int
@@ -59,11 +64,19 @@ class Mesh:
     initialised) the leading axes span processes and the trailing axes stay inside one;
     ``devices=`` gives explicit device ids (any permutation, flat or mesh-shaped);
     ``Mesh.abstract(shape, names)`` needs no devices (planning at scale).
+
+    Meshes are hash-consed: equal meshes are one object (while any is alive), so
+    ``==`` is an identity check in practice and a compare of a precomputed key otherwise::
+
+        >>> Mesh.abstract((2, 4), ("x", "y")) is Mesh.abstract((2, 4), ("x", "y"))
+        True
     """
 
-    __slots__ = ("shape", "axis_names", "_ids", "_hash")
+    __slots__ = ("shape", "axis_names", "_ids", "_hash", "_key", "_subs", "__weakref__")
+    # the intern table (a registry: weak, so unused meshes are freed)
+    _interned: "weakref.WeakValueDictionary[tuple, Mesh]" = weakref.WeakValueDictionary()
 
-    def __init__(self, shape: Sequence[int], axis_names: Sequence[str], devices=None, *, _abstract: bool = False):
+    def __new__(cls, shape: Sequence[int], axis_names: Sequence[str], devices=None, *, _abstract: bool = False):
         shape = tuple(shape) if not isinstance(shape, int) else (shape,)
         axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
         if len(shape) != len(axis_names):
@@ -75,14 +88,23 @@ class Mesh:
                 raise MeshError(f"mesh axis {n!r} has size {s!r}: sizes must be positive integers")
         if len(set(axis_names)) != len(axis_names):
             raise MeshError(f"mesh axis names {axis_names} repeat a name")
-        self.shape = tuple(int(s) for s in shape)
-        self.axis_names = axis_names
-        size = int(np.prod(self.shape, dtype=np.int64))
-        if _abstract:
-            self._ids = None
-        else:
-            self._ids = _device_ids(devices, self.shape, size)
-        self._hash = hash((self.shape, self.axis_names, None if self._ids is None else self._ids.tobytes()))
+        shape = tuple(int(s) for s in shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        ids = None if _abstract else _device_ids(devices, shape, size)
+        key = (shape, axis_names, None if ids is None else ids.tobytes())
+        self = cls._interned.get(key)
+        if self is None:
+            self = object.__new__(cls)
+            self.shape, self.axis_names, self._ids, self._key = shape, axis_names, ids, key
+            if ids is not None:
+                ids.setflags(write=False)
+            self._hash = hash(key)
+            self._subs = {}
+            self = cls._interned.setdefault(key, self)
+        return self
+
+    def __reduce__(self):
+        return (_rebuild, (self.shape, self.axis_names, None if self._ids is None else self._ids.tolist()))
 
     @classmethod
     def abstract(cls, shape: Sequence[int], axis_names: Sequence[str]) -> "Mesh":
@@ -129,11 +151,18 @@ class Mesh:
         return self.sub(ref.name, ref.pre, ref.size)
 
     def sub(self, name: str, pre: int, size: int) -> AxisRef:
-        """The sub-axis ``name:(pre)size`` (the whole axis when pre == 1 and size == its size)."""
-        n = self.axis_size(name)
-        if size < 1 or pre < 1 or n % (pre * size) != 0:
-            raise SpecError(f"sub-axis {name}:({pre}){size} does not divide mesh axis {name!r} of size {n}")
-        return AxisRef(name, int(pre), int(size), whole=(pre == 1 and size == n))
+        """The sub-axis ``name:(pre)size`` (the whole axis when pre == 1 and size == its size).
+
+        One shared AxisRef per sub-axis (memoised), so later comparisons are identity checks.
+        """
+        key = (name, pre, size)
+        ref = self._subs.get(key)
+        if ref is None:
+            n = self.axis_size(name)
+            if size < 1 or pre < 1 or n % (pre * size) != 0:
+                raise SpecError(f"sub-axis {name}:({pre}){size} does not divide mesh axis {name!r} of size {n}")
+            ref = self._subs.setdefault(key, AxisRef(name, int(pre), int(size), whole=(pre == 1 and size == n)))
+        return ref
 
     def merge(self, refs) -> tuple[AxisRef, ...]:
         """Merge adjacent sub-axes of one axis, major first (``y:(1)2, y:(2)2`` -> ``y``)."""
@@ -161,13 +190,11 @@ class Mesh:
         return np.vectorize(lambda i: by_id[int(i)], otypes=[object])(self._ids)
 
     def __eq__(self, other) -> bool:
+        if self is other:
+            return True
         if not isinstance(other, Mesh):
             return NotImplemented
-        if (self.shape, self.axis_names) != (other.shape, other.axis_names):
-            return False
-        if (self._ids is None) != (other._ids is None):
-            return False
-        return self._ids is None or bool(np.array_equal(self._ids, other._ids))
+        return self._hash == other._hash and self._key == other._key
 
     def __hash__(self) -> int:
         return self._hash
@@ -176,6 +203,11 @@ class Mesh:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
         kind = "abstract " if self.is_abstract else ""
         return f"Mesh({kind}{axes})"
+
+
+def _rebuild(shape, axis_names, ids) -> Mesh:
+    """Unpickling goes through the intern table (``Mesh.__reduce__``)."""
+    return Mesh(shape, axis_names, ids, _abstract=ids is None)
 
 
 def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
