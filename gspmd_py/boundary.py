@@ -1,27 +1,225 @@
-"""The program boundary: user arrays in, global jax.Arrays in the plan's shardings."""
+"""The program boundary: user arrays in, global jax.Arrays in the plan's shardings.
+
+The compiled program takes each input as a global jax.Array in its input sharding,
+padded to whole shards on dims that do not divide. Per call, :meth:`Boundary.call` does
+no more than ``jax.jit`` does:
+
+* even inputs go to the compiled executable as they are: numpy arrays are transferred
+  by it straight from host into their shards (one transfer, no stop on one device), and
+  jax.Arrays already in the input sharding pass through untouched;
+* uneven inputs are padded per shard: numpy arrays with ``jax.make_array_from_callback``
+  (each device receives its block, the last ones padded; no padded copy of the whole
+  array is made), jax.Arrays by a small jitted pad that writes the padded array straight
+  into the input sharding;
+* only when the executable rejects an argument (a jax.Array laid out differently) are
+  the inputs placed explicitly (:meth:`Boundary.place`: ``jax.device_put`` into the
+  input sharding) and the call retried.
+
+On a multi-process run (``jax.distributed``) every input is placed by
+``global_inputs.place_global`` (each process transfers only the shards its devices hold).
+
+    b = boundary_of(plan)                     # built once per plan
+    outs = b.call(plan.compiled(), leaves)    # flat list of output jax.Arrays
+"""
 from __future__ import annotations
 
+from typing import Any, Callable, Optional, Sequence
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
 
-def place(plan, leaves):
+class Boundary:
+    """How one plan's flat input leaves become its compiled program's arguments."""
+
+    __slots__ = ("targets", "shapes", "padded_shapes", "dtypes", "uneven", "_pad_fns", "_global")
+
+    def __init__(self, targets: Sequence[NamedSharding], shapes: Sequence[tuple[int, ...]],
+                 padded_shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+                 place_global: Optional[Callable[[Sequence[Any]], list]] = None):
+        self._global = place_global  # multi-process runs: places every leaf
+        self.targets = tuple(targets)
+        self.shapes = tuple(tuple(s) for s in shapes)
+        self.padded_shapes = tuple(tuple(s) for s in padded_shapes)
+        self.dtypes = tuple(np.dtype(d) for d in dtypes)
+        self.uneven = tuple(i for i, (s, p) in enumerate(zip(self.shapes, self.padded_shapes)) if s != p)
+        self._pad_fns: dict[int, Callable] = {}
+
+    @classmethod
+    def of(cls, plan) -> "Boundary":
+        glob = None
+        if jax.process_count() > 1:  # multi-process: place only this process's shards
+            import weakref
+
+            from .global_inputs import place_global
+
+            ref = weakref.ref(plan)  # no plan <-> boundary cycle
+            glob = lambda leaves: place_global(ref(), list(leaves))  # noqa: E731
+        return cls([NamedSharding(plan.jax_mesh, spec) for spec in plan.in_specs],
+                   [v.shape for v in plan.graph.inputs], plan.padded_in_shapes,
+                   [v.dtype for v in plan.graph.inputs], glob)
+
+    # -- per call --------------------------------------------------------------------
+    def call(self, executable: Callable, leaves: Sequence[Any]):
+        """``executable`` (the compiled program) on the leaves; placed explicitly only if it rejects them."""
+        if self._global is not None:
+            return executable(*self._global(leaves))
+        args = leaves
+        if self.uneven:
+            args = list(leaves)
+            for i in self.uneven:
+                args[i] = self.pad(i, args[i])
+        try:
+            return executable(*args)
+        except ValueError:  # e.g. a jax.Array in another sharding: place, then call again
+            placed = self.place(args)
+        return executable(*placed)
+
+    # -- placement -------------------------------------------------------------------
+    def place(self, leaves: Sequence[Any]) -> list:
+        """Every leaf as a global jax.Array in its input sharding (uneven dims padded).
+
+        jax.Arrays already laid out so are returned as they are (the same object).
+        """
+        if self._global is not None:
+            return self._global(leaves)
+        out = []
+        for i, x in enumerate(leaves):
+            if i in self.uneven and tuple(np.shape(x)) == self.shapes[i]:
+                x = self.pad(i, x)
+            out.append(self._put(i, x))
+        return out
+
+    def _put(self, i: int, x):
+        target, dtype = self.targets[i], self.dtypes[i]
+        if isinstance(x, jax.Array):
+            if x.sharding == target or x.sharding.is_equivalent_to(target, x.ndim):
+                return x
+            return jax.device_put(x if x.dtype == dtype else x.astype(dtype), target)
+        return jax.device_put(np.asarray(x, dtype=dtype), target)
+
+    def pad(self, i: int, x):
+        """Leaf ``i`` (an uneven input of its logical shape) padded to whole shards, in place."""
+        if isinstance(x, jax.Array):
+            fn = self._pad_fns.get(i)
+            if fn is None:
+                fn = self._pad_fns[i] = _device_pad(self.shapes[i], self.padded_shapes[i], self.dtypes[i],
+                                                    self.targets[i])
+            return fn(x)
+        return _host_pad(np.asarray(x), self.padded_shapes[i], self.dtypes[i], self.targets[i])
+
+
+def _host_pad(x: np.ndarray, padded_shape: tuple[int, ...], dtype: np.dtype, target: NamedSharding):
+    """A numpy array padded with zeros to ``padded_shape``, built shard by shard on the devices.
+
+    >>> mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("x",))
+    >>> a = _host_pad(np.arange(3.0), (4,), np.dtype("float32"), NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+    >>> a.tolist(), [s.data.tolist() for s in a.addressable_shards]
+    ([0.0, 1.0, 2.0, 0.0], [[0.0, 1.0], [2.0, 0.0]])
+    """
+    shape = x.shape
+
+    def block(index: tuple[slice, ...]) -> np.ndarray:
+        src, pads = [], []
+        for sl, n, p in zip(index, shape, padded_shape):
+            start, stop, _ = sl.indices(p)
+            a, b = min(start, n), min(stop, n)
+            src.append(slice(a, b))
+            pads.append((0, (stop - start) - (b - a)))
+        blk = np.asarray(x[tuple(src)], dtype=dtype)
+        return np.pad(blk, pads) if any(hi for _, hi in pads) else blk
+
+    return jax.make_array_from_callback(padded_shape, target, block)
+
+
+def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np.dtype,
+                target: NamedSharding) -> Callable:
+    """A jitted function padding a jax.Array of ``shape`` to ``padded_shape`` into ``target``."""
+    import jax.numpy as jnp
+
+    pads = [(0, p - n) for n, p in zip(shape, padded_shape)]
+    return jax.jit(lambda v: jnp.pad(v.astype(dtype), pads), out_shardings=target)
+
+
+def place(plan, leaves) -> list:
     """Each input leaf as a global jax.Array in the plan's input sharding (uneven dims padded)."""
-    if jax.process_count() > 1:  # multi-process: place only this process's shards
-        from .global_inputs import place_global
+    return boundary_of(plan).place(leaves)
 
-        return place_global(plan, leaves)
-    out = []
-    for x, v, shp, spec in zip(leaves, plan.graph.inputs, plan.padded_in_shapes, plan.in_specs):
-        target = NamedSharding(plan.jax_mesh, spec)
-        if isinstance(x, jax.Array) and tuple(x.shape) == shp and x.sharding.is_equivalent_to(target, x.ndim):
-            out.append(x)
-            continue
-        if tuple(np.shape(x)) != shp:
-            pads = [(0, p - n) for n, p in zip(np.shape(x), shp)]
-            x = np.pad(np.asarray(x), pads) if not isinstance(x, jax.Array) else jnp.pad(x, pads)
-        out.append(jax.device_put(jnp.asarray(x, dtype=v.dtype) if not isinstance(x, jax.Array) else x, target))
-    return out
 
+def boundary_of(plan) -> Boundary:
+    """The plan's Boundary, built on first use."""
+    b: Optional[Boundary] = getattr(plan, "_boundary", None)
+    if b is None:
+        b = plan._boundary = Boundary.of(plan)
+    return b
+
+
+# ---------------------------------------------------------------------------------------
+# the per-call cache lookup
+# ---------------------------------------------------------------------------------------
+
+#: Plans a gp.spmd function keeps (least recently used evicted first). A plan holds its
+#: graph, shardings and compiled executable: a few MiB for a transformer block.
+PLAN_CACHE_SIZE = 64
+
+
+def call_key(args) -> tuple[Any, list, Any]:
+    """``(key, leaves, treedef)`` of a call's arguments: the key is the tree and each leaf's
+    (shape, dtype), or (shape, type) for Python scalars. Cheap: no avals are built.
+
+    >>> key, leaves, tree = call_key((np.zeros((2, 3), np.float32), 1.5))
+    >>> key[1]
+    (((2, 3), dtype('float32')), ((), <class 'float'>))
+    """
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    try:
+        sig = tuple([(x.shape, x.dtype) for x in leaves])
+    except AttributeError:
+        sig = tuple([(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else ((), type(x))
+                     for x in leaves])
+    return (tree, sig), leaves, tree
+
+
+class PlanCache:
+    """A bounded LRU of plans by call key (several keys, e.g. float64 and float32 inputs
+    that canonicalise alike, may share one plan).
+
+    >>> c = PlanCache(2)
+    >>> c.put("a", 1); c.put("b", 2); c.get("a"); c.put("c", 3)
+    1
+    >>> sorted(c.keys())                      # "b" was the least recently used
+    ['a', 'c']
+    """
+
+    __slots__ = ("maxsize", "_d")
+
+    def __init__(self, maxsize: int = PLAN_CACHE_SIZE):
+        from collections import OrderedDict
+
+        self.maxsize = maxsize
+        self._d: "OrderedDict[Any, Any]" = OrderedDict()
+
+    def get(self, key):
+        p = self._d.get(key)
+        if p is not None:
+            try:
+                self._d.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+        return p
+
+    def put(self, key, plan) -> None:
+        self._d[key] = plan
+        self._d.move_to_end(key)
+        while len(self._d) > self.maxsize:
+            self._d.popitem(last=False)
+
+    def keys(self):
+        return list(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key) -> bool:
+        return key in self._d

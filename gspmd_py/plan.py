@@ -10,6 +10,7 @@ from jax.extend.core import jaxpr_as_fun
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
+from .boundary import boundary_of, place
 from .errors import ShardingError
 from .ir import Graph, Value
 from .layout import boundary_sharding
@@ -164,13 +165,11 @@ class Plan:
         return self._compiled
 
     def place(self, leaves):
-        from .boundary import place
-
         return place(self, leaves)
 
     def run(self, leaves):
-        outs = self.compiled()(*self.place(leaves))
-        return jax.tree_util.tree_unflatten(self._out_tree, list(outs))
+        outs = boundary_of(self).call(self._compiled or self.compiled(), leaves)
+        return jax.tree_util.tree_unflatten(self._out_tree, outs)
 
 
 

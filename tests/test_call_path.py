@@ -1,0 +1,97 @@
+"""The call path (boundary.py): one transfer into the input sharding, per-shard padding of
+uneven inputs, placed arrays passed through, and nothing ever re-traced or re-planned."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+
+import gspmd_py as gp
+from gspmd_py import boundary
+
+P = gp.P
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return gp.Mesh((2, 4), ("x", "y"))
+
+
+def _mlp(x, w, b):
+    return jnp.tanh(x @ w + b)
+
+
+def test_even_numpy_inputs_go_straight_to_the_executable(mesh, monkeypatch):
+    """No device_put, no jnp.asarray: the compiled program places numpy arrays itself."""
+    f = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y"), None))
+    x, w, b = np.ones((8, 16), np.float32), np.full((16, 8), 0.1, np.float32), np.float32(0.5)
+    ref = np.tanh(x @ w + b)
+    np.testing.assert_allclose(np.asarray(f(x, w, b)), ref, rtol=1e-6)
+    calls = []
+    real_put, real_asarray = jax.device_put, jnp.asarray
+    monkeypatch.setattr(jax, "device_put", lambda *a, **k: calls.append("device_put") or real_put(*a, **k))
+    monkeypatch.setattr(jnp, "asarray", lambda *a, **k: calls.append("asarray") or real_asarray(*a, **k))
+    out = f(x, w, b)
+    assert calls == []
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6)
+
+
+def test_uneven_numpy_input_is_padded_per_shard(mesh, monkeypatch):
+    plan = gp.spmd(lambda v: v * 2.0, mesh, in_shardings=(P("x", "y"),)).plan(np.zeros((7, 13), np.float32))
+    x = np.arange(7 * 13, dtype=np.float64).reshape(7, 13)  # float64: converted per shard
+    padded = []
+    real_pad = np.pad
+    monkeypatch.setattr(np, "pad", lambda a, *r, **k: padded.append(a.shape) or real_pad(a, *r, **k))
+    (a,) = plan.place([x])
+    assert a.shape == (8, 16) and a.dtype == np.float32
+    assert a.sharding.is_equivalent_to(NamedSharding(plan.jax_mesh, plan.in_specs[0]), 2)
+    want = np.zeros((8, 16), np.float32)
+    want[:7, :13] = x
+    np.testing.assert_array_equal(np.asarray(a), want)
+    # only the blocks that hold padding were padded, each at its shard's size (4 x 4)
+    assert padded and all(s[0] <= 4 and s[1] <= 4 for s in padded)
+
+
+def test_inputs_of_every_kind_run_without_retracing(mesh):
+    """Numpy, Python scalars, placed, wrongly placed and uneven jax.Arrays: same
+    plan, same program (a re-trace would record the collectives again)."""
+    f = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y"), None), out_shardings=P("x", "y"))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 8)).astype(np.float32)
+    plan = f.plan(x, w, np.float32(0.0))
+    n_coll = len(plan.collectives)
+    ref = lambda xx, ww, bb: np.tanh(np.asarray(xx, np.float32) @ np.asarray(ww, np.float32) + np.float32(bb))
+    placed = plan.place([x, w, np.float32(0.0)])
+    for args in [(x, w, np.float32(0.5)), (x, w, 0.25),
+                 (placed[0], placed[1], np.float32(0.5)),
+                 (jax.device_put(x, jax.devices()[3]), w, np.float32(0.5)),
+                 (jax.device_put(x, NamedSharding(plan.jax_mesh, jax.sharding.PartitionSpec(None, "y"))), w,
+                  np.float32(0.5))]:
+        out = f(*args)
+        np.testing.assert_allclose(np.asarray(out), ref(*args), rtol=1e-5, atol=1e-5)
+        assert f.plan(*args) is plan
+    assert len(plan.collectives) == n_coll
+    # uneven: a numpy input, then the (unpadded, evenly laid out) output fed back in
+    u = gp.spmd(lambda v: v * 3.0, mesh, in_shardings=(P("x", "y"),), out_shardings=P("x", "y"))
+    a = rng.standard_normal((7, 13)).astype(np.float32)
+    pu = u.plan(a)
+    n_coll = len(pu.collectives)
+    b = u(a)
+    assert b.shape == (7, 13)
+    c = u(b)
+    np.testing.assert_allclose(np.asarray(c), a * 9.0, rtol=1e-6)
+    assert u.plan(b) is pu and len(pu.collectives) == n_coll
+
+
+def test_host_pad_matches_numpy_pad():
+    jm = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(2, 4), ("a", "b"))
+    for shape, padded, spec in [((5, 3), (6, 4), ("a", "b")), ((5, 3), (8, 3), (("a", "b"), None)),
+                                ((1, 7), (2, 8), ("a", "b")), ((0, 3), (2, 4), ("a", "b"))]:
+        x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+        target = NamedSharding(jm, jax.sharding.PartitionSpec(*spec))
+        got = boundary._host_pad(x, padded, np.dtype(np.int32), target)
+        want = np.pad(x, [(0, p - n) for n, p in zip(shape, padded)])
+        np.testing.assert_array_equal(np.asarray(got), want)
+        assert got.sharding == target
