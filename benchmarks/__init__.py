@@ -1,0 +1,1 @@
+"""``python -m benchmarks``: gspmd_py against jax.jit (see __main__.py)."""

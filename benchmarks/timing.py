@@ -1,0 +1,80 @@
+"""Timing helpers: interleaved medians, so that both contestants see the same machine load.
+
+    >>> t = interleaved({"a": lambda: sum(range(100)), "b": lambda: sum(range(200))}, repeats=5)
+    >>> sorted(t)                           # median seconds per call, per contestant
+    ['a', 'b']
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> int:
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    return max(1, min(1000, int(min_sample_s / max(dt, 1e-7))))
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup: int = 2,
+                min_sample_s: float = 0.01) -> dict[str, float]:
+    """Median seconds per call of each function, sampled round-robin (order rotated each round).
+
+    Each function is warmed up ``warmup`` times; a sample is the mean over as many calls
+    as fill ``min_sample_s`` (sized once, after warm-up).
+    """
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    number = {n: _calls_per_sample(fns[n], min_sample_s) for n in names}
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            fn, k = fns[n], number[n]
+            t0 = time.perf_counter()
+            for _ in range(k):
+                fn()
+            samples[n].append((time.perf_counter() - t0) / k)
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def once_interleaved(makers: dict[str, Callable[[], Callable[[], object]]], repeats: int) -> dict[str, float]:
+    """Median seconds of ONE call of a freshly made function (first calls), round-robin.
+
+    ``makers[name]()`` builds a fresh callable (not timed); the call is timed.
+    """
+    names = list(makers)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            fn = makers[n]()
+            t0 = time.perf_counter()
+            fn()
+            samples[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` single calls (no warm-up: every call is a first call)."""
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def fmt_s(sec: float) -> str:
+    """Human-readable seconds: ``fmt_s(0.0123)`` -> ``'12.3 ms'``."""
+    if sec != sec:  # nan
+        return "-"
+    if sec < 1e-3:
+        return f"{sec * 1e6:.1f} us"
+    if sec < 1.0:
+        return f"{sec * 1e3:.1f} ms" if sec < 0.1 else f"{sec * 1e3:.0f} ms"
+    return f"{sec:.2f} s"
