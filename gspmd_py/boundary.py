@@ -69,7 +69,8 @@ class Boundary:
         if self.uneven:
             args = list(leaves)
             for i in self.uneven:
-                args[i] = self.pad(i, args[i])
+                if np.shape(args[i]) != self.padded_shapes[i]:  # (padded already: e.g. from_local's blocks)
+                    args[i] = self.pad(i, args[i])
         try:
             return executable(*args)
         except ValueError:  # e.g. a jax.Array in another sharding: place, then call again
