@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from .annotate import annotate_p
 from .arguments import Call, Signature
+from .boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from .errors import ArgumentError, ShardingError
 from .ir import Graph, Op, Value
 from .layout import even_dims, own_mesh, staged_sharding
@@ -167,7 +168,10 @@ class Spmd:
         self.combine_threshold_bytes = combine_threshold_bytes
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
-        self._entries: dict[Any, _Entry] = {}
+        # bounded LRUs (PLAN_CACHE_SIZE = 64 keys each): entries by full call key, and the fast path's
+        # entries by call_key (tree + type/shape/dtype per leaf) for calls without statics or keywords
+        self._entries = PlanCache(PLAN_CACHE_SIZE)
+        self._fast = PlanCache(PLAN_CACHE_SIZE)
         # copy __name__/__doc__/..., never the wrapped object's __dict__ (eqx.filter_jit's "fn" field
         # would replace this object's own attributes)
         functools.update_wrapper(self, fn, updated=())
@@ -179,6 +183,13 @@ class Spmd:
     def __call__(self, *args, **kwargs):
         if jax.config.jax_disable_jit:  # debugging, as jax.jit: the plain function, op by op
             return self.fn(*args, **kwargs)
+        fast = not kwargs and not self._sig.static_argnums and not self._sig.static_argnames
+        if fast:  # a call seen before with concrete arrays: flatten, key, lookup, the compiled call
+            key, leaves, _ = call_key(args)
+            e = self._fast.get(key)
+            if e is not None:
+                check_same_program(e.plan)
+                return e.plan.run(leaves)
         call = self._sig.bind(args, kwargs)
         if call.traced and in_manual_context():
             raise ArgumentError(
@@ -189,7 +200,9 @@ class Spmd:
         if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
             return entry.staged(call.leaves)
         check_same_program(entry.plan)  # multi-process runs only: every process planned this program
-        return entry.plan.run(call.leaves)  # concrete arrays: the fast path
+        if fast:
+            self._fast.put(key, entry)  # (tracers never get here: their calls are staged above)
+        return entry.plan.run(call.leaves)
 
     def from_local(self, *local_args, global_shapes=None):
         """Call with each process's own block of every argument (multi-process runs; see
@@ -209,7 +222,7 @@ class Spmd:
         if e is None:
             e = self._build(call)
             if not e.closure:  # closed-over tracers belong to one trace: never cached
-                self._entries[key] = e
+                self._entries.put(key, e)
         return e
 
     def _build(self, call: Call) -> _Entry:

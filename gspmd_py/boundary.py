@@ -167,18 +167,18 @@ PLAN_CACHE_SIZE = 64
 
 def call_key(args) -> tuple[Any, list, Any]:
     """``(key, leaves, treedef)`` of a call's arguments: the key is the tree and each leaf's
-    (shape, dtype), or (shape, type) for Python scalars. Cheap: no avals are built.
+    (type, shape, dtype, weak type), or its type for Python scalars. Cheap: no avals are built.
 
     >>> key, leaves, tree = call_key((np.zeros((2, 3), np.float32), 1.5))
     >>> key[1]
-    (((2, 3), dtype('float32')), ((), <class 'float'>))
+    ((<class 'numpy.ndarray'>, (2, 3), dtype('float32'), False), (<class 'float'>,))
     """
     leaves, tree = jax.tree_util.tree_flatten(args)
     try:
-        sig = tuple([(x.shape, x.dtype) for x in leaves])
+        sig = tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves])
     except AttributeError:
-        sig = tuple([(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else ((), type(x))
-                     for x in leaves])
+        sig = tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", False))
+                     if hasattr(x, "shape") and hasattr(x, "dtype") else (type(x),) for x in leaves])
     return (tree, sig), leaves, tree
 
 

@@ -55,7 +55,7 @@ def test_uneven_numpy_input_is_padded_per_shard(mesh, monkeypatch):
 
 
 def test_inputs_of_every_kind_run_without_retracing(mesh):
-    """Numpy, Python scalars, placed, wrongly placed and uneven jax.Arrays: same
+    """Numpy, placed, wrongly placed and uneven jax.Arrays: same
     plan, same program (a re-trace would record the collectives again)."""
     f = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y"), None), out_shardings=P("x", "y"))
     rng = np.random.default_rng(0)
@@ -64,7 +64,7 @@ def test_inputs_of_every_kind_run_without_retracing(mesh):
     n_coll = len(plan.collectives)
     ref = lambda xx, ww, bb: np.tanh(np.asarray(xx, np.float32) @ np.asarray(ww, np.float32) + np.float32(bb))
     placed = plan.place([x, w, np.float32(0.0)])
-    for args in [(x, w, np.float32(0.5)), (x, w, 0.25),
+    for args in [(x, w, np.float32(0.5)),
                  (placed[0], placed[1], np.float32(0.5)),
                  (jax.device_put(x, jax.devices()[3]), w, np.float32(0.5)),
                  (jax.device_put(x, NamedSharding(plan.jax_mesh, jax.sharding.PartitionSpec(None, "y"))), w,
@@ -73,6 +73,9 @@ def test_inputs_of_every_kind_run_without_retracing(mesh):
         np.testing.assert_allclose(np.asarray(out), ref(*args), rtol=1e-5, atol=1e-5)
         assert f.plan(*args) is plan
     assert len(plan.collectives) == n_coll
+    # a Python float (weakly typed, as under jax.jit) and float64 numpy: plans of their own, same values
+    np.testing.assert_allclose(np.asarray(f(x, w, 0.25)), ref(x, w, 0.25), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(f(x.astype(np.float64), w, 0.5)), ref(x, w, 0.5), rtol=1e-5, atol=1e-5)
     # uneven: a numpy input, then the (unpadded, evenly laid out) output fed back in
     u = gp.spmd(lambda v: v * 3.0, mesh, in_shardings=(P("x", "y"),), out_shardings=P("x", "y"))
     a = rng.standard_normal((7, 13)).astype(np.float32)
@@ -95,3 +98,31 @@ def test_host_pad_matches_numpy_pad():
         want = np.pad(x, [(0, p - n) for n, p in zip(shape, padded)])
         np.testing.assert_array_equal(np.asarray(got), want)
         assert got.sharding == target
+
+
+def test_plan_cache_is_a_bounded_lru(mesh):
+    f = gp.spmd(lambda v: v * 2.0, mesh, in_shardings=(P("x", None),))
+    f._entries.maxsize = f._fast.maxsize = 2
+    plans = {n: f.plan(np.zeros((n, 4), np.float32)) for n in (2, 4, 6)}
+    assert len(f._entries) == 2  # the (2, 4) plan was evicted, least recently used
+    assert f.plan(np.zeros((6, 4), np.float32)) is plans[6]
+    again = f.plan(np.zeros((2, 4), np.float32))
+    assert again is not plans[2]  # planned again
+    np.testing.assert_allclose(np.asarray(f(np.ones((2, 4), np.float32))), 2.0)
+    assert f.plan(np.zeros((6, 4), np.float32)) is plans[6] and len(f._entries) == 2 and len(f._fast) == 1
+
+
+def test_fast_path_keeps_statics_weak_types_and_tracers_apart(mesh):
+    """The per-call key (boundary.call_key) never mixes up calls jax.jit would tell apart."""
+    g = gp.spmd(lambda v, s: v * s, mesh, in_shardings=(P("x", None), None))
+    x = np.ones((8, 4), np.float32)
+    np.testing.assert_allclose(np.asarray(g(x, 2.0)), 2.0)  # Python float: weakly typed
+    np.testing.assert_allclose(np.asarray(g(x, np.float32(3.0))), 3.0)
+    np.testing.assert_allclose(np.asarray(g(x, jnp.asarray(4.0))), 4.0)
+    assert len(g._fast) == 3 and len(g._entries) == 2  # np.float32 and the strong jax scalar: one plan
+    h = gp.spmd(lambda v, n: v * n, mesh, in_shardings=(P("x", None),), static_argnums=(1,))
+    np.testing.assert_allclose(np.asarray(h(x, 2)), 2.0)
+    np.testing.assert_allclose(np.asarray(h(x, 5)), 5.0)  # a static value: never the fast path
+    assert len(h._fast) == 0
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda v: g(v, 2.0))(x)), 2.0)  # traced: staged
+    np.testing.assert_allclose(np.asarray(g(x, 2.0)), 2.0)
