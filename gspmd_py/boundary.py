@@ -7,10 +7,11 @@ no more than ``jax.jit`` does:
 * even inputs go to the compiled executable as they are: numpy arrays are transferred
   by it straight from host into their shards (one transfer, no stop on one device), and
   jax.Arrays already in the input sharding pass through untouched;
-* uneven inputs are padded per shard: numpy arrays with ``jax.make_array_from_callback``
-  (each device receives its block, the last ones padded; no padded copy of the whole
-  array is made), jax.Arrays by a small jitted pad that writes the padded array straight
-  into the input sharding;
+* uneven numpy inputs are padded per shard with ``jax.make_array_from_callback`` (each
+  device receives its block, the last ones padded; no padded copy of the whole array is
+  made); uneven jax.Arrays (e.g. a previous call's outputs, which keep their logical
+  shape) go to a second executable, compiled on first use, that pads them inside the
+  program: one dispatch per call, as ``jax.jit`` needs;
 * only when the executable rejects an argument (a jax.Array laid out differently) are
   the inputs placed explicitly (:meth:`Boundary.place`: ``jax.device_put`` into the
   input sharding) and the call retried.
@@ -33,12 +34,15 @@ from jax.sharding import NamedSharding
 class Boundary:
     """How one plan's flat input leaves become its compiled program's arguments."""
 
-    __slots__ = ("targets", "shapes", "padded_shapes", "dtypes", "uneven", "_pad_fns", "_global")
+    __slots__ = ("targets", "shapes", "padded_shapes", "dtypes", "uneven", "_pad_fns", "_global", "_jaxpr",
+                 "_fused")
 
     def __init__(self, targets: Sequence[NamedSharding], shapes: Sequence[tuple[int, ...]],
                  padded_shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-                 place_global: Optional[Callable[[Sequence[Any]], list]] = None):
+                 place_global: Optional[Callable[[Sequence[Any]], list]] = None, jaxpr=None):
         self._global = place_global  # multi-process runs: places every leaf
+        self._jaxpr = jaxpr  # the program on padded inputs (a ClosedJaxpr), for the fused pad + program
+        self._fused: Optional[Callable] = None
         self.targets = tuple(targets)
         self.shapes = tuple(tuple(s) for s in shapes)
         self.padded_shapes = tuple(tuple(s) for s in padded_shapes)
@@ -58,24 +62,46 @@ class Boundary:
             glob = lambda leaves: place_global(ref(), list(leaves))  # noqa: E731
         return cls([NamedSharding(plan.jax_mesh, spec) for spec in plan.in_specs],
                    [v.shape for v in plan.graph.inputs], plan.padded_in_shapes,
-                   [v.dtype for v in plan.graph.inputs], glob)
+                   [v.dtype for v in plan.graph.inputs], glob, plan._traced.jaxpr)
 
     # -- per call --------------------------------------------------------------------
     def call(self, executable: Callable, leaves: Sequence[Any]):
         """``executable`` (the compiled program) on the leaves; placed explicitly only if it rejects them."""
         if self._global is not None:
             return executable(*self._global(leaves))
-        args = leaves
+        args, exe = leaves, executable
         if self.uneven:
             args = list(leaves)
             for i in self.uneven:
-                if np.shape(args[i]) != self.padded_shapes[i]:  # (padded already: e.g. from_local's blocks)
-                    args[i] = self.pad(i, args[i])
+                x = args[i]
+                if np.shape(x) == self.padded_shapes[i]:  # padded already (e.g. from_local's blocks)
+                    continue
+                if isinstance(x, jax.Array) and self._jaxpr is not None:
+                    exe = self._fused_program(executable)  # pads inside: one dispatch
+                else:
+                    args[i] = self.pad(i, x)
         try:
-            return executable(*args)
+            return exe(*args)
         except ValueError:  # e.g. a jax.Array in another sharding: place, then call again
             placed = self.place(args)
         return executable(*placed)
+
+    def _fused_program(self, executable):
+        """A jit of (pad the uneven inputs that arrive unpadded) then the program, for jax.Array
+        inputs of the logical shape in any sharding (compiled per input layout, on first use)."""
+        if self._fused is None:
+            import jax.numpy as jnp
+
+            closed, padded, dtypes = self._jaxpr, self.padded_shapes, self.dtypes
+
+            def run(*xs):
+                xs = [jnp.pad(x.astype(dtypes[i]), [(0, p - n) for n, p in zip(x.shape, padded[i])])
+                      if x.shape != padded[i] else x for i, x in enumerate(xs)]
+                return tuple(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *xs))  # no re-trace of the plan
+
+            in_sh = tuple(None if i in self.uneven else t for i, t in enumerate(self.targets))
+            self._fused = jax.jit(run, in_shardings=in_sh, out_shardings=tuple(executable.output_shardings))
+        return self._fused
 
     # -- placement -------------------------------------------------------------------
     def place(self, leaves: Sequence[Any]) -> list:
@@ -101,14 +127,28 @@ class Boundary:
         return jax.device_put(np.asarray(x, dtype=dtype), target)
 
     def pad(self, i: int, x):
-        """Leaf ``i`` (an uneven input of its logical shape) padded to whole shards, in place."""
+        """Leaf ``i`` (an uneven input of its logical shape) padded to whole shards, in its input sharding."""
         if isinstance(x, jax.Array):
+            if x.sharding.device_set != self.targets[i].device_set:  # e.g. on one device: move it first
+                x = jax.device_put(x, _even(self.targets[i], self.shapes[i]))
             fn = self._pad_fns.get(i)
             if fn is None:
                 fn = self._pad_fns[i] = _device_pad(self.shapes[i], self.padded_shapes[i], self.dtypes[i],
                                                     self.targets[i])
             return fn(x)
         return _host_pad(np.asarray(x), self.padded_shapes[i], self.dtypes[i], self.targets[i])
+
+
+def _even(target: NamedSharding, shape: Sequence[int]) -> NamedSharding:
+    """``target`` without the axes of dims they do not divide (the nearest sharding ``shape`` can hold)."""
+    from jax.sharding import PartitionSpec
+
+    sizes = dict(zip(target.mesh.axis_names, target.mesh.axis_sizes))
+    out = []
+    for n, e in zip(shape, tuple(target.spec) + (None,) * (len(shape) - len(target.spec))):
+        names = () if e is None else ((e,) if isinstance(e, str) else tuple(e))
+        out.append(e if n % int(np.prod([sizes[a] for a in names], dtype=np.int64)) == 0 else None)
+    return NamedSharding(target.mesh, PartitionSpec(*out))
 
 
 def _host_pad(x: np.ndarray, padded_shape: tuple[int, ...], dtype: np.dtype, target: NamedSharding):

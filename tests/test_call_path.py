@@ -83,9 +83,16 @@ def test_inputs_of_every_kind_run_without_retracing(mesh):
     n_coll = len(pu.collectives)
     b = u(a)
     assert b.shape == (7, 13)
-    c = u(b)
+    c = u(b)  # padded inside the program (one dispatch), not by a separate pad
     np.testing.assert_allclose(np.asarray(c), a * 9.0, rtol=1e-6)
+    d = u(jax.device_put(a, jax.devices()[5]))  # on one device: any layout of the logical shape works
+    np.testing.assert_allclose(np.asarray(d), a * 3.0, rtol=1e-6)
+    assert d.sharding.is_equivalent_to(b.sharding, 2)
     assert u.plan(b) is pu and len(pu.collectives) == n_coll
+    # an uneven jax.Array next to a wrongly placed even one
+    v = gp.spmd(lambda s, t: s * 2.0 + t.sum(), mesh, in_shardings=(P("x", "y"), P("x", None)))
+    t = jax.device_put(np.ones((8, 3), np.float32), NamedSharding(plan.jax_mesh, jax.sharding.PartitionSpec(("x", "y"))))
+    np.testing.assert_allclose(np.asarray(v(b, t)), np.asarray(b) * 2.0 + 24.0, rtol=1e-6)
 
 
 def test_host_pad_matches_numpy_pad():
