@@ -41,6 +41,7 @@ class CallResult:
     colls_ours_hlo: tuple = (0, 0, "none")  # the same, counted in our compiled HLO
     colls_xla: tuple = (0, 0, "none")
     max_abs_err: float = float("nan")
+    mins: dict = attrs.Factory(dict)  # fastest sample per timing (numpy_ours, ...)
 
 
 def _block(out):
@@ -101,7 +102,7 @@ def run_program(prog: Program, quick: bool, repeats: int, first_repeats: int) ->
     args, po, pj = c.args, c.placed_ours, c.placed_jit
     t = interleaved({"numpy_ours": lambda: _block(c.ours(*args)), "numpy_jit": lambda: _block(c.jit(*args)),
                      "placed_ours": lambda: _block(c.ours(*po)), "placed_jit": lambda: _block(c.jit(*pj))},
-                    repeats=repeats)
+                    repeats=repeats, mins=res.mins)
     for k, v in t.items():
         setattr(res, k, v)
 

@@ -19,11 +19,12 @@ def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> int:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup: int = 2,
-                min_sample_s: float = 0.01) -> dict[str, float]:
+                min_sample_s: float = 0.01, mins: dict[str, float] | None = None) -> dict[str, float]:
     """Median seconds per call of each function, sampled round-robin (order rotated each round).
 
     Each function is warmed up ``warmup`` times; a sample is the mean over as many calls
-    as fill ``min_sample_s`` (sized once, after warm-up).
+    as fill ``min_sample_s`` (sized once, after warm-up). ``mins``, if given, receives each
+    function's fastest sample (less sensitive to a shared machine's load than the median).
     """
     names = list(fns)
     for name in names:
@@ -39,6 +40,8 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup:
             for _ in range(k):
                 fn()
             samples[n].append((time.perf_counter() - t0) / k)
+    if mins is not None:
+        mins.update({n: min(s) for n, s in samples.items()})
     return {n: statistics.median(s) for n, s in samples.items()}
 
 

@@ -57,7 +57,7 @@ _I64_MAX = np.iinfo(np.int64).max
 #: power of two. No mesh that exists comes near: 8,192 shards are at most ~10^5 units of work.
 NUMBA_COLD_WORK: dict[str, int] = {
     "shard_bounds": 1 << 30, "valid_mask": 1 << 29, "window_halos": 1 << 25, "device_groups": 1 << 31,
-    "permutation_pairs": 1 << 22, "offsets_for": 1 << 40, "fetch_rounds": 1 << 22,
+    "permutation_pairs": 1 << 22, "offsets_for": 1 << 40, "fetch_rounds": 1 << 23,
 }
 #: Work from which a kernel already loaded in this process beats its NumPy twin call for call
 #: (measured: from the smallest sizes for all but ``offsets_for``, which only ties).
