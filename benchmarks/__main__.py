@@ -93,7 +93,7 @@ def main(argv=None) -> int:
 
     if "devices" in only:
         meshes = scaling.MESHES[::] if not q else scaling.MESHES[::5]
-        device_rows = scaling.plan_vs_devices(meshes, repeats=1 if q else 3)
+        device_rows = scaling.plan_vs_devices(meshes, repeats=2 if q else 7)
         files["plan_vs_devices.md"] = (header + "## Plan time against device count\n\n"
                                        "Abstract meshes. Target: plan at 8,192 devices <= 1.2x plan at 8.\n\n"
                                        + report.devices_table(device_rows))

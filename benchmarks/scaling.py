@@ -6,8 +6,9 @@ eqns, our plan time (trace + propagate + partition + JAX trace of the SPMD body)
 lower and compile time of our program, and XLA's trace + lower and compile of the same
 function under ``jax.jit`` with the same shardings.
 
-Device count: one transformer block and the conv net on ``gp.Mesh.abstract`` meshes of 8
-to 8,192 devices (plan + lower; nothing runs).
+Device count: one transformer block, the conv net (batch over x, H over y) and a conv
+with H over every device (halo tables of one row per device) on ``gp.Mesh.abstract``
+meshes of 8 to 8,192 devices (plan + lower; nothing runs), meshes taken round-robin.
 
     python -m benchmarks --only size,devices --quick
 """
@@ -143,6 +144,23 @@ def _conv_abstract():
     return (lambda: prog.make(gp_constrain)), avals, prog.in_specs, prog.out_specs
 
 
+def _conv_all_abstract():
+    """One 5x5 SAME conv with H split over every device: the halo tables have a row per device."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    import gspmd_py as gp
+
+    def conv_h(x, w):
+        return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    S = jax.ShapeDtypeStruct
+    avals = [S((2, 16 * 8192, 8, 4), jnp.float32), S((5, 5, 4, 4), jnp.float32)]
+    spec = gp.P(None, ("x", "y"), None, None)
+    return (lambda: (lambda x, w: conv_h(x, w))), avals, (spec, None), spec
+
+
 def _block_abstract():
     import jax
     import jax.numpy as jnp
@@ -154,21 +172,27 @@ def _block_abstract():
 
 
 def plan_vs_devices(meshes, repeats: int) -> list[DeviceRow]:
+    """Median plan time per mesh, the meshes taken round-robin (so load drift hits them alike)."""
+    import statistics
+
     import gspmd_py as gp
 
     rows = []
-    for label, build in (("transformer block", _block_abstract), ("conv net", _conv_abstract)):
+    for label, build in (("transformer block", _block_abstract), ("conv net", _conv_abstract),
+                         ("conv, H over all devices", _conv_all_abstract)):
         make, avals, ins, outs = build()
-        for shape in meshes:
-            mesh = gp.Mesh.abstract(shape, ("x", "y"))
-            plans = []
-
-            def do_plan():
-                plans.append(gp.spmd(make(), mesh, in_shardings=ins, out_shardings=outs).plan(*avals))
-
-            plan_s = median_time(do_plan, repeats)
-            lower_s = median_time(lambda: plans[-1].lower_text(), 1)
-            rows.append(DeviceRow(label, shape, plan_s, lower_s, len(plans[-1].collectives)))
+        abstract = [gp.Mesh.abstract(shape, ("x", "y")) for shape in meshes]
+        times: list[list[float]] = [[] for _ in meshes]
+        plans: list = [None] * len(meshes)
+        for r in range(repeats):
+            for j in (range(len(meshes)) if r % 2 == 0 else reversed(range(len(meshes)))):
+                f = gp.spmd(make(), abstract[j], in_shardings=ins, out_shardings=outs)
+                t0 = time.perf_counter()
+                plans[j] = f.plan(*avals)
+                times[j].append(time.perf_counter() - t0)
+        for j, shape in enumerate(meshes):
+            lower_s = median_time(lambda: plans[j].lower_text(), 1)
+            rows.append(DeviceRow(label, shape, statistics.median(times[j]), lower_s, len(plans[j].collectives)))
     return rows
 
 
