@@ -43,14 +43,16 @@ class Boundary:
     """How one plan's flat input leaves become its compiled program's arguments."""
 
     __slots__ = ("targets", "shapes", "padded_shapes", "dtypes", "uneven", "_pad_fns", "_global", "_jaxpr",
-                 "_fused")
+                 "_fused", "donate")
 
     def __init__(self, targets: Sequence[NamedSharding], shapes: Sequence[tuple[int, ...]],
                  padded_shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-                 place_global: Optional[Callable[[Sequence[Any]], list]] = None, jaxpr=None):
+                 place_global: Optional[Callable[[Sequence[Any]], list]] = None, jaxpr=None,
+                 donate: tuple[int, ...] = ()):
         self._global = place_global  # multi-process runs: places every leaf
         self._jaxpr = jaxpr  # the program on padded inputs (a ClosedJaxpr), for the fused pad + program
         self._fused: Optional[Callable] = None
+        self.donate = tuple(donate)  # donated inputs (the fused program donates them too)
         self.targets = tuple(targets)
         self.shapes = tuple(tuple(s) for s in shapes)
         self.padded_shapes = tuple(tuple(s) for s in padded_shapes)
@@ -70,7 +72,8 @@ class Boundary:
             glob = lambda leaves: place_global(ref(), list(leaves))  # noqa: E731
         return cls([NamedSharding(plan.jax_mesh, spec) for spec in plan.in_specs],
                    [v.shape for v in plan.graph.inputs], plan.padded_in_shapes,
-                   [v.dtype for v in plan.graph.inputs], glob, plan._traced.jaxpr)
+                   [v.dtype for v in plan.graph.inputs], glob, plan._traced.jaxpr,
+                   tuple(getattr(plan, "donate_argnums", ())))
 
     # -- per call --------------------------------------------------------------------
     def call(self, executable: Callable, leaves: Sequence[Any]):
@@ -109,7 +112,8 @@ class Boundary:
                 return tuple(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *xs))  # no re-trace of the plan
 
             in_sh = tuple(None if i in self.uneven else t for i, t in enumerate(self.targets))
-            self._fused = jax.jit(run, in_shardings=in_sh, out_shardings=tuple(executable.output_shardings))
+            self._fused = jax.jit(run, in_shardings=in_sh, out_shardings=tuple(executable.output_shardings),
+                                  donate_argnums=self.donate)
         return self._fused
 
     # -- placement -------------------------------------------------------------------
