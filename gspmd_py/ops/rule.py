@@ -62,7 +62,7 @@ HANDLER_NAMES = frozenset({
 TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Factor:
     size: int
     kind: str = PASS
@@ -78,7 +78,7 @@ class Factor:
             raise ValueError(f"factor kind {self.kind!r} with reduce {self.reduce!r}")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class OpRule:
     factors: tuple[Factor, ...]
     operands: tuple[TensorDims, ...]

@@ -85,7 +85,11 @@ class Ctx:
         """This device's linear index over ``axes`` (major first); 0 for no axes."""
         if not axes:
             return jnp.int32(0)
-        return lax.axis_index(tuple(axes)).astype(jnp.int32)
+        key = ("axis_index", tuple(axes))  # computed once per trace scope (lives with the reshard cache)
+        hit = self.reshard_cache.get(key)
+        if hit is None:
+            hit = self.reshard_cache[key] = lax.axis_index(tuple(axes)).astype(jnp.int32)
+        return hit
 
     def offset(self, n: int, axes: Sequence[str]):
         """Global index of this device's first row of a dim of size n sharded over ``axes``."""

@@ -41,6 +41,7 @@ class FineMesh:
         self.sizes = tuple(sizes)
         self.size_of = dict(zip(self.names, self.sizes))
         self.owner = {nm: (a, lo, hi) for a, parts in self._ranges.items() for nm, lo, hi in parts}
+        self._fine: dict[AxisRef, tuple[str, ...]] = {}  # memo of fine()
 
     @classmethod
     def build(cls, mesh: Mesh, refs: Iterable[AxisRef]) -> "FineMesh":
@@ -60,7 +61,10 @@ class FineMesh:
         return cls(mesh, splits)
 
     def fine(self, ref: AxisRef) -> tuple[str, ...]:
-        return tuple(nm for nm, lo, hi in self._ranges[ref.name] if lo >= ref.pre and hi <= ref.stop)
+        hit = self._fine.get(ref)
+        if hit is None:
+            hit = self._fine[ref] = tuple(nm for nm, lo, hi in self._ranges[ref.name] if lo >= ref.pre and hi <= ref.stop)
+        return hit
 
     def fine_dims(self, dims: Sequence[Sequence[AxisRef]]) -> tuple[tuple[str, ...], ...]:
         return tuple(tuple(f for r in axes for f in self.fine(r)) for axes in dims)

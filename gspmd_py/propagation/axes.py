@@ -52,7 +52,7 @@ def merge(mesh: Mesh, axes: Sequence[AxisRef]) -> Axes:
 
 
 def is_prefix(mesh: Mesh, a: Sequence[AxisRef], b: Sequence[AxisRef]) -> bool:
-    aa, bb = atoms(mesh, a), atoms(mesh, b)
+    aa, bb = _atoms(mesh, tuple(a)), _atoms(mesh, tuple(b))
     return len(aa) <= len(bb) and bb[: len(aa)] == aa
 
 

@@ -33,7 +33,7 @@ from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
 from . import axes as ax
-from .projection import INF, Projection, TensorState, project_op, record
+from .projection import INF, Projection, TensorState, project_cached, record
 
 
 @attrs.define
@@ -79,6 +79,7 @@ class Propagation:
                 if not lst or lst[-1] != i:
                     lst.append(i)
         self._dirty = [True] * len(self.ops)
+        self._ts: dict[int, TensorState] = {}  # value id -> its TensorState while unchanged
         self._forward_done = [False] * len(self.ops)
 
     # -- driver -------------------------------------------------------------
@@ -104,6 +105,7 @@ class Propagation:
         self._touch(s.value.id)
 
     def _touch(self, vid: int) -> None:
+        self._ts.pop(vid, None)
         for i in self._near.get(vid, ()):
             self._dirty[i] = True
             self._forward_done[i] = False
@@ -143,9 +145,13 @@ class Propagation:
     # -- one op -------------------------------------------------------------
     def tensor_states(self, op: Op) -> list[TensorState]:
         out = []
+        cache = self._ts
         for v in self.tensors[op.id]:
-            st = self.state[v.id]
-            out.append(TensorState(tuple(s.axes for s in st), tuple(s.prio for s in st), v.size, v.id))
+            ts = cache.get(v.id)
+            if ts is None:
+                st = self.state[v.id]
+                ts = cache[v.id] = TensorState(tuple(s.axes for s in st), tuple(s.prio for s in st), v.size, v.id)
+            out.append(ts)
         return out
 
     def _apply(self, op: Op, rule: OpRule, forward: bool) -> list[int]:
@@ -153,9 +159,10 @@ class Propagation:
         states = self.tensor_states(op)
         if not any(a for st in states for a in st.axes):
             return []
-        final, source = project_op(self.mesh, rule, states)
+        final, source, projected = project_cached(self.mesh, rule, states)
         if not final:
             return []
+        source = dict(source)
         mesh = self.mesh
         n_in = len(op.inputs)
         changed: list[int] = []
@@ -164,20 +171,19 @@ class Propagation:
                 continue
             st = self.state[v.id]
             for d, fs in enumerate(dims):
-                if not fs or st[d].closed or rule.factors[fs[0]].kind == NEED_REPLICATION:
+                new = projected[t][d]
+                if not new or not fs or st[d].closed or rule.factors[fs[0]].kind == NEED_REPLICATION:
                     continue
-                sizes = [rule.factors[f].size for f in fs]
-                new = ax.project(mesh, [final.get(f, ()) for f in fs], sizes)
                 n_old = len(ax.atoms(mesh, st[d].axes))
-                if not new or len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
+                if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
                     continue
                 others = [a for e, s in enumerate(st) if e != d for a in s.axes]
                 new = ax.truncate_at_overlap(mesh, new, others)
                 if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
                     continue
                 srcs = [source[f] for f in fs if f in source]
-                prio, src_v = next((x for x in srcs if x[1] != v.id), srcs[0])
-                st[d] = DimState(new, min(prio, st[d].prio) if st[d].axes else prio, False, (op.id, src_v))
+                prio, src_t = next((x for x in srcs if tensors[x[1]].id != v.id), srcs[0])
+                st[d] = DimState(new, min(prio, st[d].prio) if st[d].axes else prio, False, (op.id, tensors[src_t].id))
                 if not changed or changed[-1] != v.id:
                     changed.append(v.id)
         return changed

@@ -35,6 +35,7 @@ axes, so that a contested factor cannot take an axis from an agreed one. Two con
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import attrs
@@ -63,7 +64,6 @@ class Offer:
     prio: float
     tensor: int
     axes: Axes
-    value_id: int
     size: int
 
 
@@ -89,7 +89,7 @@ def offers(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> dict[int
             sizes = [rule.factors[f].size for f in fs]
             for f, axes in zip(fs, ax.distribute(mesh, st.axes[d], sizes)):
                 if axes and rule.factors[f].kind != NEED_REPLICATION:
-                    out.setdefault(f, []).append(Offer(st.prios[d], t, axes, st.value_id, st.size))
+                    out.setdefault(f, []).append(Offer(st.prios[d], t, axes, st.size))
     return out
 
 
@@ -133,7 +133,29 @@ def project_dim(mesh: Mesh, factor_axes: Sequence[Axes], sizes: Sequence[int]) -
 
 def project_op(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], *, decide: bool = False
                ) -> tuple[FactorAxes, dict[int, tuple[float, int]]]:
-    """Per-factor axes from the tensors' shardings, and per factor (priority, source value id)."""
+    """Per-factor axes from the tensors' shardings, and per factor (priority, source value id).
+
+    A pure function of the rule and the tensors' shardings, memoised: the ops of a repeated
+    layer (and every visit that finds nothing new) cost one dictionary lookup."""
+    final, source, _ = project_cached(mesh, rule, tensors, decide)
+    return dict(final), {f: (prio, tensors[t].value_id) for f, (prio, t) in source}
+
+
+def project_cached(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: bool = False):
+    """(factor axes, (factor, (priority, source tensor index)), per tensor its dims' projected
+    axes) as sorted tuples, memoised on the rule and the shardings."""
+    return _project_cached(mesh, rule, tuple((st.axes, st.prios, st.size) for st in tensors), decide)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _project_cached(mesh: Mesh, rule: OpRule, key: tuple, decide: bool):
+    tensors = [TensorState(axes, prios, size, -1) for axes, prios, size in key]
+    final, source = _project(mesh, rule, tensors, decide)
+    dims = tensor_dims(mesh, rule, final, rule.tensors)
+    return tuple(sorted(final.items())), tuple(sorted(source.items())), dims
+
+
+def _project(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: bool):
     chosen: dict[int, tuple[Axes, float, Offer]] = {}
     agree: dict[int, int] = {}
     for f, cands in offers(mesh, rule, tensors).items():
@@ -157,7 +179,7 @@ def project_op(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], *, deci
         if axes:
             used.extend(axes)
             final[f] = axes
-            source[f] = (prio, src.value_id)
+            source[f] = (prio, src.tensor)
     _make_executable(mesh, rule, final)
     if decide:
         _rehome(mesh, rule, tensors, final)
