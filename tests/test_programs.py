@@ -110,16 +110,44 @@ def test_sort_top_k_cumsum_scatter():
     close(sf(x, idx, upd), f(x, idx, upd), 1e-5)
 
 
-def test_random_dropout_is_reported_and_correct():
+@pytest.mark.parametrize("shape", [(8, 12), (7, 13), (0, 5)])
+@pytest.mark.parametrize("mesh_i", range(4))
+def test_random_numbers_are_drawn_per_shard_bit_identical(shape, mesh_i):
+    """Dropout masks, normals, fold_in keys and 8/16/32/64... bit draws: each device draws its
+    own block (no replicated fallback, no collective) and the values equal the whole draw."""
+    from partition_util import mesh_of
+
     def f(x, key):
         keep = jax.random.bernoulli(key, 0.8, x.shape)
-        return jnp.where(keep, x / 0.8, 0.0)
+        z = jax.random.normal(jax.random.fold_in(key, 3), x.shape)
+        u8 = jax.random.bits(jax.random.fold_in(key, 4), x.shape, jnp.uint8)
+        u32 = jax.random.bits(key, x.shape, jnp.uint32)
+        return jnp.where(keep, x / 0.8, 0.0) + z, u8, u32
+
+    mesh = mesh_of(mesh_i)
+    spec = P(*mesh.axis_names[:2]) if len(mesh.shape) > 1 else P(None, "x")
+    x = np.ones(shape, np.float32)
+    key = jax.random.PRNGKey(3)
+    sf = gp.spmd(f, mesh, in_shardings=(spec, None), out_shardings=(spec, spec, spec))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gp.PartitionWarning)
+        plan = sf.plan(x, key)
+    assert "REPLICATED FALLBACK" not in plan.report()
+    assert all(c.op == "boundary" for c in plan.collectives)  # only uneven outputs are gathered
+    got, want = sf(x, key), f(x, key)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))  # the bits: identical
+    np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(want[2]))
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-5, atol=1e-6)  # (erf_inv fused)
+
+
+def test_random_bits_of_a_non_partitionable_key_are_drawn_whole_and_said():
+    def f(x, key):
+        return x + jax.random.uniform(key, x.shape)
 
     x = np.ones((8, 12), np.float32)
-    key = jax.random.PRNGKey(3)
-    mesh = gp.Mesh((2, 4), ("x", "y"))
-    sf = gp.spmd(f, mesh, in_shardings=(P("x", "y"), None))
+    key = jax.random.key(3, impl="rbg")
+    sf = gp.spmd(f, gp.Mesh((2, 4), ("x", "y")), in_shardings=(P("x", "y"), None))
     with pytest.warns(gp.PartitionWarning):
         plan = sf.plan(x, key)
-    assert "REPLICATED FALLBACK" in plan.report()
+    assert "REPLICATED FALLBACK" in plan.report() and "rbg" in plan.report()
     close(sf(x, key), f(x, key), 1e-6)

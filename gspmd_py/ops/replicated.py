@@ -1,17 +1,17 @@
-"""Ops computed whole on every device (random number generation, control flow bodies,
-anything whose result depends on every element in an order-sensitive way).
+"""Ops computed whole on every device (key manipulation, linear algebra, FFT, generic
+reductions): every factor needs replication.
 
-    random_bits  key[] -> u32[m,n]      "-> i j"   i, j: need_replication
+    fft  c64[m,n] -> c64[m,n]      "[i,j] -> [k,l]"   all: need_replication
 
-The partitioner runs them on replicated operands and slices the result locally; it
-reports each as a replicated fallback.
+The partitioner runs them on replicated operands and slices the result locally; when that
+moves or recomputes a sharded tensor it reports a replicated fallback.
 """
 from __future__ import annotations
 
 from .registry import register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
-RANDOM = ("random_seed", "random_bits", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
+RANDOM = ("random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
           "threefry2x32", "random_clone")
 
 
