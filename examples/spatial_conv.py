@@ -24,6 +24,9 @@ import optax
 
 import gspmd_py as gp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _compare import compare  # noqa: E402
+
 P = gp.P
 
 
@@ -72,19 +75,7 @@ def main(argv=None, *, steps: int = 6, batch: int = 8, size: int = 16) -> float:
           f"{len(plan.collectives)} collectives per step {kinds}, {len(plan.fallbacks)} replicated fallbacks; "
           f"pooled activations {plan.sharding_of('pooled').shardy()}")
 
-    p1, s1, p2, s2 = params, opt_state, params, opt_state
-    spmd_losses, plain_losses = [], []
-    for _ in range(args.steps):
-        p1, s1, l1 = spmd_step(p1, s1, images, labels)
-        p2, s2, l2 = plain_step(p2, s2, images, labels)
-        spmd_losses.append(float(l1))
-        plain_losses.append(float(l2))
-    print(f"{'step':>4}  {'loss (gp.spmd)':>14}  {'loss (unpartitioned)':>20}")
-    for i, (a, b) in enumerate(zip(spmd_losses, plain_losses)):
-        print(f"{i:>4}  {a:>14.6f}  {b:>20.6f}")
-    worst = max(abs(a - b) / abs(b) for a, b in zip(spmd_losses, plain_losses))
-    print(f"largest relative difference of the losses: {worst:.1e}")
-    return worst
+    return compare(spmd_step, plain_step, params, opt_state, [(images, labels)] * args.steps)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
@@ -23,3 +24,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 settings.load_profile("fuzz" if os.environ.get("GSPMD_PY_FUZZ") else "ci")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    """The (2, 4) mesh ("x", "y") most tests plan on."""
+    import gspmd_py as gp
+
+    return gp.Mesh((2, 4), ("x", "y"))

@@ -118,3 +118,8 @@ def examples(n: int):
 
 def kinds(plan) -> list[str]:
     return [c.kind for c in plan.collectives]
+
+
+def f32(*shape):
+    """A float32 jax.ShapeDtypeStruct of ``shape`` (plan without arrays)."""
+    return jax.ShapeDtypeStruct(shape, np.float32)

@@ -16,11 +16,6 @@ S = jax.ShapeDtypeStruct
 
 
 @pytest.fixture(scope="module")
-def mesh():
-    return gp.Mesh((2, 4), ("x", "y"))
-
-
-@pytest.fixture(scope="module")
 def plan(mesh):
     """A Megatron MLP's loss gradient: tags, an annotation, a with_sharding_constraint, collectives."""
     jm = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))

@@ -3,24 +3,15 @@ import re
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import gspmd_py as gp
+from partition_util import f32
 from gspmd_py.rules import slash_path
 
 P = gp.P
 S = jax.ShapeDtypeStruct
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return gp.Mesh((2, 4), ("x", "y"))
-
-
-def f32(*shape):
-    return S(shape, jnp.float32)
 
 
 def params_tree():

@@ -14,11 +14,6 @@ S = jax.ShapeDtypeStruct
 
 
 @pytest.fixture(scope="module")
-def mesh():
-    return gp.Mesh((2, 4), ("x", "y"))
-
-
-@pytest.fixture(scope="module")
 def jmesh():
     return jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:8])
 
