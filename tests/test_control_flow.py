@@ -7,6 +7,8 @@ from jax import lax
 
 import gspmd_py as gp
 
+P = gp.P
+
 
 @pytest.fixture(scope="module")
 def mesh():
@@ -77,3 +79,21 @@ def test_cond(mesh, pred):
     x = np.random.default_rng(1).standard_normal((8, 12)).astype(np.float32)
     fs = gp.spmd(f, mesh, in_shardings=(gp.P("x", "y"), None))
     close(fs(x, pred), f(x, pred))
+
+
+def test_a_carry_saved_as_a_residual_keeps_its_sharding_in_the_stack():
+    """jax.grad of a scan over checkpointed layers: the forward scan returns every layer's
+    input (the carry, saved as a residual) stacked; the body result IS the body parameter, so
+    the two occurrences share one set of factors and the stack stays sharded [T, {x}, {y}]."""
+    def loss(ws, x):
+        body = jax.checkpoint(lambda h, w: (jnp.tanh(gp.annotate(h, P("x", "y")) @ w), None))
+        return lax.scan(body, x, ws)[0].sum()
+
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    f = gp.spmd(jax.grad(loss), mesh, in_shardings=(P(None, "y", None), P("x", "y")))
+    ws, x = np.random.default_rng(0).standard_normal((2, 4, 16, 16)).astype(np.float32) * 0.3
+    x = x[0, :8]
+    plan = f.plan(ws, x)
+    stacks = [o for op in plan.graph.walk() if op.prim == "scan" for o in op.outputs if o.shape == (4, 8, 16)]
+    assert stacks and all(plan._shardings[v.id].spec == P(None, "x", "y") for v in stacks)
+    np.testing.assert_allclose(np.asarray(f(ws, x)), np.asarray(jax.grad(loss)(ws, x)), rtol=1e-5, atol=1e-5)

@@ -35,63 +35,54 @@ def region_values(op) -> list:
 @register(*CONTROL, handler="control")
 def control(op) -> OpRule:
     b = RuleBuilder()
+    known: dict[int, list[int]] = {}  # value id -> its factors: a value that appears twice (a body
+    # result that is a body parameter, e.g. a carry saved as a residual) has ONE set of factors
+
+    def tie(*vals) -> list[int]:
+        fs = next((known[v.id] for v in vals if v.id in known), None)
+        if fs is None:
+            fs = b.factors(vals[0].shape)
+        for v in vals:
+            known.setdefault(v.id, fs)
+        return fs
+
+    def loop_dim(v) -> list[int]:
+        return [b.factor(v.shape[0], NEED_REPLICATION)]
+
     ins: list = [None] * len(op.inputs)
     outs: list = [None] * len(op.outputs)
-    region: dict[int, list] = {}  # (region index, position in region_values of that region) -> dims
-
-    def share(shape) -> list[int]:
-        return b.factors(shape)
-
     if op.prim == "scan":
         (body,) = op.regions
         nc, ncar = op.params["num_consts"], op.params["num_carry"]
-        nb_in = len(body.inputs)
         for i in range(nc):
-            ins[i] = region[i] = share(op.inputs[i].shape)
+            ins[i] = tie(op.inputs[i], body.inputs[i])
         for i in range(ncar):
-            fs = share(op.inputs[nc + i].shape)
-            ins[nc + i] = outs[i] = region[nc + i] = region[nb_in + i] = fs
+            ins[nc + i] = outs[i] = tie(op.inputs[nc + i], body.inputs[nc + i], body.outputs[i], op.outputs[i])
         for j, v in enumerate(body.inputs[nc + ncar:]):
-            fs = share(v.shape)
-            region[nc + ncar + j] = fs
-            ins[nc + ncar + j] = [b.factor(op.inputs[nc + ncar + j].shape[0], NEED_REPLICATION)] + fs
+            ins[nc + ncar + j] = loop_dim(op.inputs[nc + ncar + j]) + tie(v)
         for j, v in enumerate(body.outputs[ncar:]):
-            fs = share(v.shape)
-            region[nb_in + ncar + j] = fs
-            outs[ncar + j] = [b.factor(op.outputs[ncar + j].shape[0], NEED_REPLICATION)] + fs
+            outs[ncar + j] = loop_dim(op.outputs[ncar + j]) + tie(v)
     elif op.prim == "while":
         cond, body = op.regions
         cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
-        c_in, b_in = len(cond.inputs), len(body.inputs)
-        base_b = c_in + len(cond.outputs)  # body values start after cond's params and predicate
         for i in range(cn):
-            ins[i] = region[i] = share(op.inputs[i].shape)
+            ins[i] = tie(op.inputs[i], cond.inputs[i])
         for i in range(bn):
-            ins[cn + i] = region[base_b + i] = share(op.inputs[cn + i].shape)
+            ins[cn + i] = tie(op.inputs[cn + i], body.inputs[i])
         for i in range(len(op.outputs)):
-            fs = share(op.inputs[cn + bn + i].shape)
-            ins[cn + bn + i] = outs[i] = fs
-            region[cn + i] = region[base_b + bn + i] = region[base_b + b_in + i] = fs
-        region[c_in] = [b.factor(s, NEED_REPLICATION) for s in cond.outputs[0].shape]
+            ins[cn + bn + i] = outs[i] = tie(op.inputs[cn + bn + i], cond.inputs[cn + i], body.inputs[bn + i],
+                                             body.outputs[i], op.outputs[i])
+        known.setdefault(cond.outputs[0].id, [b.factor(s, NEED_REPLICATION) for s in cond.outputs[0].shape])
     else:  # cond
         ins[0] = [b.factor(s, NEED_REPLICATION) for s in op.inputs[0].shape]
-        arg = [share(v.shape) for v in op.inputs[1:]]
-        res = [share(v.shape) for v in op.outputs]
-        for i, fs in enumerate(arg):
-            ins[1 + i] = fs
-        for i, fs in enumerate(res):
-            outs[i] = fs
-        base = 0
-        for g in op.regions:
-            for i in range(len(g.inputs)):
-                region[base + i] = arg[i]
-            for i in range(len(g.outputs)):
-                region[base + len(g.inputs) + i] = res[i]
-            base += len(g.inputs) + len(g.outputs)
+        for i, v in enumerate(op.inputs[1:]):
+            ins[1 + i] = tie(v, *(g.inputs[i] for g in op.regions))
+        for i, v in enumerate(op.outputs):
+            outs[i] = tie(v, *(g.outputs[i] for g in op.regions))
     for d in ins:
         b.operand(d)
     for d in outs:
         b.result(d)
-    for i in range(len(region_values(op))):
-        b.result(region[i])
+    for v in region_values(op):
+        b.result(known[v.id] if v.id in known else tie(v))
     return b.build(OTHER)
