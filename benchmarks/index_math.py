@@ -39,25 +39,19 @@ def cases(k: int) -> dict[str, tuple[int, Callable[[str], Any]]]:
     """kernel -> (work, run(version)) at k shards; version is "np" or "nb"."""
     from gspmd_py.partitioner import index_math as im
 
-    n_mask = 16 * k + 5
     n_in = 64 * k + 3
     strided = dict(window=7, stride=2, dilation=2, pad_lo=3, pad_hi=2, lhs_dilation=2)
     p = im._window_params(n_in, k, strided["window"], strided["stride"], strided["dilation"], strided["pad_lo"],
                           strided["pad_hi"], strided["lhs_dilation"])
     shape, axes = _mesh_for(k)
-    rng = np.random.default_rng(0)
-    have, need = np.arange(k), rng.permutation(k)
     c = 4
     a = np.arange(k, dtype=np.int64) * c - 2
     lo, hi = np.maximum(a, 0), np.minimum(a + c + 4, k * c)
     f = lambda name: (lambda v: getattr(im, f"{name}_{v}"))
     return {
         "shard_bounds": (k, lambda v: f("shard_bounds")(v)(1_000_000_007, k)),
-        "valid_mask": (k * 17, lambda v: f("valid_mask")(v)(n_mask, k)),
         "window_halos": (k * min(p[2], p[8]), lambda v: f("window_halos")(v)(n_in, k, **strided)),
         "device_groups": (k, lambda v: f("device_groups")(v)(shape, axes)),
-        "permutation_pairs": (k, lambda v: f("permutation_pairs")(v)(have, need)),
-        "offsets_for": (k, lambda v: f("offsets_for")(v)(have, 7)),
         "fetch_rounds": (k * ((c + 4) // c + 2), lambda v: f("fetch_rounds")(v)(lo, hi, a, c)),
     }
 

@@ -223,16 +223,15 @@ class Hardware:
 
 def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
     """Device ids of the first group of a collective over ``axes`` (sub-axes allowed), in
-    group order: the devices whose coordinates on every other (sub-)axis are device 0's."""
+    group order: the devices whose coordinates on every other (sub-)axis are device 0's
+    (index_math's device groups over the mesh with the axes split where the sub-axes need)."""
+    from ..partitioner.fine_mesh import FineMesh
+    from ..partitioner.index_math import device_groups
+
     refs = [mesh.ref(a) for a in axes]
-    coords = np.indices(mesh.shape).reshape(len(mesh.shape), -1)
-    rest = coords.copy()
-    for r in refs:
-        i = mesh.axis_index(r.name)
-        minor = mesh.shape[i] // r.stop
-        rest[i] -= ((coords[i] // minor) % r.size) * minor
-    in_group = np.all(rest == rest[:, :1], axis=0)
-    return mesh.device_ids.reshape(-1)[in_group]
+    fine = FineMesh.build(mesh, refs)
+    idx = [fine.names.index(n) for r in refs for n in fine.fine(r)]
+    return mesh.device_ids.reshape(-1)[device_groups(fine.sizes, idx)[0]]
 
 
 @functools.lru_cache(maxsize=None)

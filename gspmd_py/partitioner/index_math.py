@@ -32,17 +32,14 @@ from __future__ import annotations
 import math
 import operator
 import threading
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 __all__ = [
     "shard_bounds", "shard_bounds_np", "shard_bounds_nb",
-    "valid_mask", "valid_mask_np", "valid_mask_nb",
     "window_halos", "window_halos_np", "window_halos_nb",
     "device_groups", "device_groups_np", "device_groups_nb",
-    "permutation_pairs", "permutation_pairs_np", "permutation_pairs_nb",
-    "offsets_for", "offsets_for_np", "offsets_for_nb",
     "fetch_rounds", "fetch_rounds_np", "fetch_rounds_nb",
     "jit_kernels", "NUMBA_COLD_WORK", "NUMBA_WARM_WORK",
 ]
@@ -56,11 +53,10 @@ _I64_MAX = np.iinfo(np.int64).max
 #: by ``python -m benchmarks --only index`` (benchmarks/results/index_math.md), rounded to a
 #: power of two. No mesh that exists comes near: 8,192 shards are at most ~10^5 units of work.
 NUMBA_COLD_WORK: dict[str, int] = {
-    "shard_bounds": 1 << 30, "valid_mask": 1 << 29, "window_halos": 1 << 25, "device_groups": 1 << 31,
-    "permutation_pairs": 1 << 22, "offsets_for": 1 << 40, "fetch_rounds": 1 << 23,
+    "shard_bounds": 1 << 30, "window_halos": 1 << 25, "device_groups": 1 << 31, "fetch_rounds": 1 << 23,
 }
 #: Work from which a kernel already loaded in this process beats its NumPy twin call for call
-#: (measured: from the smallest sizes for all but ``offsets_for``, which only ties).
+#: (measured: from the smallest sizes).
 NUMBA_WARM_WORK = 1 << 8
 
 
@@ -72,7 +68,13 @@ NUMBA_WARM_WORK = 1 << 8
 _JITTED: dict[str, Callable[..., Any]] = {}
 _LOADED: set[str] = set()  # kernels compiled or loaded from the cache in this process
 _JIT_LOCK = threading.Lock()
-_CACHEABLE = __name__ == "gspmd_py.partitioner.index_math"
+_KERNELS: dict[str, Callable[..., Any]] = {}  # name -> plain Python kernel (module level, any module)
+
+
+def kernels(*fns: Callable[..., Any]) -> None:
+    """Register module-level kernels named ``_<name>_kernel`` (this module's and halo_tables')."""
+    for fn in fns:
+        _KERNELS[fn.__name__[1:-len("_kernel")]] = fn
 
 
 def _jit(name: str) -> Callable[..., Any]:
@@ -84,9 +86,11 @@ def _jit(name: str) -> Callable[..., Any]:
             if fn is None:
                 import numba  # lazy: keeps the cold import of gspmd_py fast
 
-                # The on-disk cache pickles this module's name: only use it under the
-                # canonical name (not e.g. when the file is run by path as ``index_math``).
-                fn = numba.njit(cache=_CACHEABLE, nogil=True)(globals()[f"_{name}_kernel"])
+                kernel = _KERNELS[name]
+                # The on-disk cache pickles the kernel's module name: only use it under the
+                # canonical package name (not e.g. when a file is run by path).
+                cacheable = kernel.__module__.startswith("gspmd_py.partitioner.")
+                fn = numba.njit(cache=cacheable, nogil=True)(kernel)
                 _JITTED[name] = fn
     return fn
 
@@ -113,8 +117,7 @@ def jit_kernels() -> tuple[str, ...]:
 
     Useful for warm-up: ``for n in jit_kernels(): ...``. Does not import Numba.
     """
-    return ("shard_bounds", "valid_mask", "window_halos", "device_groups", "permutation_pairs",
-            "offsets_for", "fetch_rounds")
+    return ("shard_bounds", "window_halos", "device_groups", "fetch_rounds")
 
 
 # ----------------------------------------------------------------------------------------
@@ -187,52 +190,7 @@ def shard_bounds(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ========================================================================================
-# 2. valid_mask
-# ========================================================================================
-
-def _valid_mask_kernel(n, k):
-    c = (n + k - 1) // k
-    out = np.empty((k, c), np.bool_)
-    for i in range(k):
-        base = i * c
-        for r in range(c):
-            out[i, r] = base + r < n
-    return out
-
-
-def valid_mask_nb(n: int, k: int) -> np.ndarray:
-    """bool[k, c]: True where local row ``r`` of shard ``i`` is a real row (``i*c + r < n``).
-
-    >>> valid_mask(5, 4).astype(int).tolist()      # c = 2
-    [[1, 1], [1, 1], [1, 0], [0, 0]]
-    """
-    n, k = _int(n, "n", 0), _int(k, "k", 1)
-    return _call("valid_mask", _I64(n), _I64(k))
-
-
-def valid_mask_np(n: int, k: int) -> np.ndarray:
-    """NumPy twin of :func:`valid_mask_nb`.
-
-    >>> valid_mask_np(5, 4).astype(int).tolist()
-    [[1, 1], [1, 1], [1, 0], [0, 0]]
-    """
-    n, k = _int(n, "n", 0), _int(k, "k", 1)
-    c = _ceil_div(n, k)
-    return (np.arange(k, dtype=_I64)[:, None] * c + np.arange(c, dtype=_I64)[None, :]) < n
-
-
-def valid_mask(n: int, k: int) -> np.ndarray:
-    """:func:`valid_mask_np` or :func:`valid_mask_nb`, whichever pays (work: ``k * c``).
-
-    >>> valid_mask(3, 2).astype(int).tolist()
-    [[1, 1], [1, 0]]
-    """
-    nn, kk = _int(n, "n", 0), _int(k, "k", 1)
-    return valid_mask_nb(n, k) if use_numba("valid_mask", kk * _ceil_div(nn, kk)) else valid_mask_np(n, k)
-
-
-# ========================================================================================
-# 3. window_halos
+# 2. window_halos
 # ========================================================================================
 
 _HALO_KEYS = ("out_start", "out_stop", "in_lo", "in_hi", "left_halo", "right_halo", "window_start",
@@ -502,430 +460,7 @@ def window_halos(n_in: int, k: int, window: int, stride: int = 1, dilation: int 
     return window_halos_np(*args)
 
 
-# ========================================================================================
-# 4. device_groups
-# ========================================================================================
+kernels(_shard_bounds_kernel, _window_halos_kernel)
 
-def _mesh_args(mesh_shape: Sequence[int], axes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    shape = [_int(s, "mesh_shape entry", 1) for s in mesh_shape]
-    nd = len(shape)
-    ax = []
-    for a in axes:
-        a = _int(a, "axis")
-        if not -nd <= a < nd:
-            raise ValueError(f"axis {a} out of range for a {nd}-d mesh {tuple(shape)}")
-        ax.append(a % nd)
-    if len(set(ax)) != len(ax):
-        raise ValueError(f"duplicate mesh axes in {tuple(axes)}")
-    return np.asarray(shape, dtype=_I64).reshape(-1), np.asarray(ax, dtype=_I64).reshape(-1)
-
-
-def _device_groups_kernel(shape, axes):
-    nd = shape.shape[0]
-    strides = np.empty(nd, np.int64)
-    total = 1
-    for d in range(nd - 1, -1, -1):
-        strides[d] = total
-        total *= shape[d]
-    in_group = np.zeros(nd, np.bool_)
-    gsize = 1
-    for t in range(axes.shape[0]):
-        in_group[axes[t]] = True
-        gsize *= shape[axes[t]]
-    ngroups = total // gsize
-    rest = np.empty(nd - axes.shape[0], np.int64)
-    j = 0
-    for d in range(nd):
-        if not in_group[d]:
-            rest[j] = d
-            j += 1
-    base = np.empty(ngroups, np.int64)
-    for gi in range(ngroups):
-        rem = gi
-        pos = 0
-        for t in range(rest.shape[0] - 1, -1, -1):
-            d = rest[t]
-            pos += (rem % shape[d]) * strides[d]
-            rem //= shape[d]
-        base[gi] = pos
-    off = np.empty(gsize, np.int64)
-    for h in range(gsize):
-        rem = h
-        pos = 0
-        for t in range(axes.shape[0] - 1, -1, -1):
-            d = axes[t]
-            pos += (rem % shape[d]) * strides[d]
-            rem //= shape[d]
-        off[h] = pos
-    out = np.empty((ngroups, gsize), np.int64)
-    for gi in range(ngroups):
-        for h in range(gsize):
-            out[gi, h] = base[gi] + off[h]
-    return out
-
-
-def device_groups_nb(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """int64[num_groups, group_size]: the device groups of a collective over mesh ``axes``.
-
-    Devices are the row-major positions ``0 .. prod(mesh_shape)-1``. Row ``g`` lists the
-    devices sharing every coordinate outside ``axes``, ordered by their linear index over
-    ``axes`` taken in the order given (first = major); rows are ordered by the row-major
-    linear index of the remaining coordinates. ``axes=()`` gives one device per group.
-
-    >>> device_groups((2, 3), (1,)).tolist()          # along the minor axis
-    [[0, 1, 2], [3, 4, 5]]
-    >>> device_groups((2, 3), (0,)).tolist()
-    [[0, 3], [1, 4], [2, 5]]
-    >>> device_groups((2, 3), (1, 0)).tolist()        # axis 1 major within the group
-    [[0, 3, 1, 4, 2, 5]]
-    """
-    shape, ax = _mesh_args(mesh_shape, axes)
-    return _call("device_groups", shape, ax)
-
-
-def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """NumPy twin of :func:`device_groups_nb`.
-
-    >>> device_groups_np((2, 2, 2), (2, 0)).tolist()
-    [[0, 4, 1, 5], [2, 6, 3, 7]]
-    """
-    shape, ax = _mesh_args(mesh_shape, axes)
-    nd = shape.size
-    strides = np.ones(nd, dtype=_I64)
-    if nd:
-        strides[:-1] = np.cumprod(shape[::-1])[::-1][1:]
-    grp = set(ax.tolist())
-    rest = [d for d in range(nd) if d not in grp]
-
-    def lin(dims: Sequence[int]) -> np.ndarray:
-        pos = np.zeros(1, dtype=_I64)
-        for d in dims:
-            pos = (pos[:, None] + np.arange(shape[d], dtype=_I64)[None, :] * strides[d]).reshape(-1)
-        return pos
-
-    return lin(rest)[:, None] + lin(ax.tolist())[None, :]
-
-
-def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """:func:`device_groups_np` or :func:`device_groups_nb`, whichever pays (work: devices).
-
-    >>> device_groups((2, 3), (0,)).tolist()
-    [[0, 3], [1, 4], [2, 5]]
-    """
-    shape, _ = _mesh_args(mesh_shape, axes)
-    work = int(np.prod(shape, dtype=np.int64))
-    return device_groups_nb(mesh_shape, axes) if use_numba("device_groups", work) else device_groups_np(mesh_shape, axes)
-
-
-# ========================================================================================
-# 5. permutation_pairs
-# ========================================================================================
-
-def _perm_args(have: Any, need: Any) -> tuple[np.ndarray, np.ndarray]:
-    h = np.ascontiguousarray(np.asarray(have), dtype=_I64)
-    n = np.ascontiguousarray(np.asarray(need), dtype=_I64)
-    if h.ndim != 1 or n.ndim != 1 or h.shape != n.shape:
-        raise ValueError(f"have and need must be 1-d of equal length, got {h.shape} and {n.shape}")
-    return h, n
-
-
-def _missing_error(need: np.ndarray, d: int) -> ValueError:
-    return ValueError(f"device {d} needs piece {int(need[d])} but no device holds it")
-
-
-def _permutation_pairs_kernel(have, need):
-    nd = have.shape[0]
-    order = np.argsort(have, kind="mergesort")
-    sh = have[order]
-    used = np.zeros(nd + 1, np.int64)  # picks made so far per key group (indexed by group start)
-    out = np.empty((nd, 2), np.int64)
-    m = 0
-    for d in range(nd):
-        key = need[d]
-        if key < 0 or have[d] == key:
-            continue
-        lo = np.searchsorted(sh, key)
-        if lo >= nd or sh[lo] != key:
-            return out[:0].copy(), d
-        r = lo + used[lo]
-        if r >= nd or sh[r] != key:
-            r = lo
-        used[lo] += 1
-        out[m, 0] = order[r]
-        out[m, 1] = d
-        m += 1
-    return out[:m].copy(), -1
-
-
-def permutation_pairs_nb(have: Any, need: Any) -> np.ndarray:
-    """int64[m, 2] ``(source, dest)`` transfers so that each device gets the piece it needs.
-
-    Device ``s`` holds the piece with key ``have[s]``; device ``d`` needs the piece with key
-    ``need[d]`` (``need[d] < 0``: needs nothing). For each ``d`` with ``need[d] >= 0``:
-
-    * if ``have[d] == need[d]`` the device already holds it: **no pair is emitted** (only
-      pairs with ``source != dest`` are returned);
-    * else, greedily in increasing ``d``, the source is the smallest device ``s`` with
-      ``have[s] == need[d]`` not yet used as a source, falling back to the smallest such
-      ``s`` when all are used (a source may then appear in several pairs; one
-      ``collective_permute`` takes each source at most once, so such pairs need more rounds).
-
-    Rows are ordered by increasing dest. Raises ``ValueError`` if a needed key has no holder.
-
-    >>> permutation_pairs([0, 1, 2, 3], [1, 2, 3, 0]).tolist()   # cyclic shift
-    [[1, 0], [2, 1], [3, 2], [0, 3]]
-    >>> permutation_pairs([5, 5, 7, -1], [5, 7, 5, 5]).tolist()  # device 0 keeps its piece
-    [[2, 1], [0, 2], [1, 3]]
-    """
-    h, n = _perm_args(have, need)
-    pairs, bad = _call("permutation_pairs", h, n)
-    if bad >= 0:
-        raise _missing_error(n, int(bad))
-    return pairs
-
-
-def permutation_pairs_np(have: Any, need: Any) -> np.ndarray:
-    """NumPy twin of :func:`permutation_pairs_nb`.
-
-    >>> permutation_pairs_np([5, 5, 7, -1], [5, 7, 5, 5]).tolist()
-    [[2, 1], [0, 2], [1, 3]]
-    """
-    h, n = _perm_args(have, need)
-    dests = np.flatnonzero((n >= 0) & (n != h))
-    kd = n[dests]
-    order = np.argsort(h, kind="stable")
-    sh = h[order]
-    lo = np.searchsorted(sh, kd, side="left")
-    cnt = np.searchsorted(sh, kd, side="right") - lo
-    missing = np.flatnonzero(cnt == 0)
-    if missing.size:
-        raise _missing_error(n, int(dests[missing[0]]))
-    # rank of each dest among the earlier dests needing the same key
-    o2 = np.argsort(kd, kind="stable")
-    skd = kd[o2]
-    rank = np.empty_like(kd)
-    rank[o2] = np.arange(kd.size, dtype=_I64) - np.searchsorted(skd, skd, side="left")
-    src = order[lo + np.where(rank < cnt, rank, 0)]
-    return np.stack([src, dests], axis=1).astype(_I64, copy=False).reshape(-1, 2)
-
-
-def permutation_pairs(have: Any, need: Any) -> np.ndarray:
-    """:func:`permutation_pairs_np` or :func:`permutation_pairs_nb`, whichever pays (work: devices).
-
-    >>> permutation_pairs([0, 1, 2, 3], [1, 2, 3, 0]).tolist()   # cyclic shift
-    [[1, 0], [2, 1], [3, 2], [0, 3]]
-    """
-    h, n = _perm_args(have, need)
-    return permutation_pairs_nb(h, n) if use_numba("permutation_pairs", h.size) else permutation_pairs_np(h, n)
-
-
-# ========================================================================================
-# 6. offsets_for
-# ========================================================================================
-
-def _offsets_for_kernel(idx, c):
-    out = np.empty(idx.shape[0], np.int64)
-    for t in range(idx.shape[0]):
-        out[t] = idx[t] * c[t]
-    return out
-
-
-def _offset_args(shard_index: Any, c: Any) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    i = np.asarray(shard_index)
-    cc = np.asarray(c)
-    for name, arr in (("shard_index", i), ("c", cc)):
-        if arr.dtype.kind not in "iub" and arr.size:
-            raise TypeError(f"{name} must be integer, got dtype {arr.dtype}")
-    shape = np.broadcast_shapes(i.shape, cc.shape)
-    flat = [np.array(np.broadcast_to(a, shape), dtype=_I64, order="C").reshape(-1) for a in (i, cc)]
-    return flat[0], flat[1], shape
-
-
-def offsets_for_nb(shard_index: Any, c: Any) -> np.ndarray:
-    """Elementwise ``shard_index * c`` as int64 (first global row of a shard; broadcasts).
-
-    Returns an ndarray of the broadcast shape (0-d for scalar arguments).
-
-    >>> offsets_for([0, 1, 3], 4).tolist()
-    [0, 4, 12]
-    >>> offsets_for([[0], [1]], [2, 3]).tolist()
-    [[0, 0], [2, 3]]
-    """
-    i, cc, shape = _offset_args(shard_index, c)
-    return _call("offsets_for", i, cc).reshape(shape)
-
-
-def offsets_for_np(shard_index: Any, c: Any) -> np.ndarray:
-    """NumPy twin of :func:`offsets_for_nb`.
-
-    >>> offsets_for_np([0, 1, 3], 4).tolist()
-    [0, 4, 12]
-    """
-    i, cc, shape = _offset_args(shard_index, c)
-    return (i * cc).reshape(shape)
-
-
-def offsets_for(shard_index: Any, c: Any) -> np.ndarray:
-    """:func:`offsets_for_np` or :func:`offsets_for_nb`, whichever pays (work: elements).
-
-    >>> offsets_for([0, 1, 3], 4).tolist()
-    [0, 4, 12]
-    """
-    i, _, _ = _offset_args(shard_index, c)
-    return offsets_for_nb(shard_index, c) if use_numba("offsets_for", i.size) else offsets_for_np(shard_index, c)
-
-
-# ========================================================================================
-# 7. fetch_rounds (the halo planner's transfers)
-# ========================================================================================
-
-class FetchRounds(NamedTuple):
-    """The transfers that give every device the rows it needs (see :func:`fetch_rounds_nb`).
-
-    ``own_*`` are int64[k]; the rest are int64[R, k] for the R rounds (one per shift).
-    """
-
-    own_src: np.ndarray  # per device: first local row of its own piece
-    own_dst: np.ndarray  # per device: where its own piece goes in its segment
-    own_len: np.ndarray  # per device: rows of its own piece (0: none)
-    shift: np.ndarray  # int64[R], increasing: source shard minus destination device
-    src_off: np.ndarray  # [r, s]: first local row device s sends in round r
-    dst_off: np.ndarray  # [r, d]: where device d puts the rows it receives in round r
-    length: np.ndarray  # [r, d]: rows device d receives in round r (0: none)
-    source: np.ndarray  # [r, d]: the device d receives from in round r (-1: none)
-
-
-def _fetch_args(lo: Any, hi: Any, a: Any, c: int, holder: Any) -> tuple:
-    lo = np.ascontiguousarray(np.asarray(lo), dtype=_I64).reshape(-1)
-    hi = np.ascontiguousarray(np.asarray(hi), dtype=_I64).reshape(-1)
-    a = np.ascontiguousarray(np.asarray(a), dtype=_I64).reshape(-1)
-    c = _int(c, "c", 1)
-    k = lo.size
-    holder = (np.arange(k, dtype=_I64) if holder is None
-              else np.ascontiguousarray(np.asarray(holder), dtype=_I64).reshape(-1))
-    if not (hi.size == a.size == holder.size == k):
-        raise ValueError(f"lo, hi, a and holder must have one entry per device, got sizes "
-                         f"{lo.size}, {hi.size}, {a.size}, {holder.size}")
-    has = hi > lo
-    if k and (np.any(lo[has] < 0) or np.any(hi[has] > k * c)):
-        raise ValueError(f"rows to fetch must lie in [0, k*c) = [0, {k * c})")
-    return lo, hi, a, c, holder
-
-
-def _fetch_rounds_kernel(lo, hi, a, c, holder):
-    k = lo.shape[0]
-    own_src = np.zeros(k, np.int64)
-    own_dst = np.zeros(k, np.int64)
-    own_len = np.zeros(k, np.int64)
-    # pass 1: which shifts occur (shift = m - i lies in [-(k-1), k-1])
-    present = np.zeros(2 * k + 1, np.bool_)
-    for i in range(k):
-        if hi[i] <= lo[i]:
-            continue
-        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
-            if holder[m] != i:
-                present[m - i + k] = True
-    slot = np.full(2 * k + 1, -1, np.int64)
-    nr = 0
-    for t in range(2 * k + 1):
-        if present[t]:
-            slot[t] = nr
-            nr += 1
-    shift = np.empty(nr, np.int64)
-    for t in range(2 * k + 1):
-        if slot[t] >= 0:
-            shift[slot[t]] = t - k
-    src_off = np.zeros((nr, k), np.int64)
-    dst_off = np.zeros((nr, k), np.int64)
-    length = np.zeros((nr, k), np.int64)
-    source = np.full((nr, k), -1, np.int64)
-    # pass 2: fill the pieces
-    for i in range(k):
-        if hi[i] <= lo[i]:
-            continue
-        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
-            r0 = max(lo[i], m * c)
-            r1 = min(hi[i], m * c + c)
-            src = holder[m]
-            if src == i:
-                own_src[i] = r0 - m * c
-                own_dst[i] = r0 - a[i]
-                own_len[i] = r1 - r0
-            else:
-                r = slot[m - i + k]
-                src_off[r, src] = r0 - m * c
-                dst_off[r, i] = r0 - a[i]
-                length[r, i] = r1 - r0
-                source[r, i] = src
-    return own_src, own_dst, own_len, shift, src_off, dst_off, length, source
-
-
-def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
-    """The transfers that give device ``i`` the real rows ``[lo[i], hi[i])`` of a sharded dim.
-
-    The dim is held in shards of ``c`` rows: shard ``m`` (rows ``[m*c, (m+1)*c)``) lives on
-    device ``holder[m]`` (default: device ``m``). Device ``i`` places its rows in a segment
-    whose row 0 is global row ``a[i]``. Every overlap of ``[lo[i], hi[i])`` with a shard is
-    one piece: from the device itself (``own_*``: source row, segment row, length), or a
-    transfer in the round of its shift ``m - i`` (left halo: shift -1, right halo: +1). In a
-    round each device receives at most one piece and sends at most one (``holder`` is a
-    permutation), so a round is one collective-permute: pairs ``(source[r, d], d)`` for
-    every ``d`` with ``source[r, d] >= 0``.
-
-    >>> # 3x3 SAME conv, 16 rows over 4 shards (c = 4): device i needs rows [4i-1, 4i+5)
-    >>> r = fetch_rounds_nb([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
-    >>> r.shift.tolist(), r.source.tolist()
-    ([-1, 1], [[-1, 0, 1, 2], [1, 2, 3, -1]])
-    >>> r.length.tolist(), r.own_len.tolist()
-    ([[0, 1, 1, 1], [1, 1, 1, 0]], [4, 4, 4, 4])
-    >>> r.src_off.tolist(), r.dst_off.tolist()        # left halo: a neighbour's last row
-    ([[3, 3, 3, 0], [0, 0, 0, 0]], [[0, 0, 0, 0], [5, 5, 5, 0]])
-    """
-    return FetchRounds(*_call("fetch_rounds", *_fetch_args(lo, hi, a, c, holder)))
-
-
-def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
-    """NumPy twin of :func:`fetch_rounds_nb` (vectorised over pieces; no loop over shards).
-
-    >>> fetch_rounds_np([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4).shift.tolist()
-    [-1, 1]
-    """
-    lo, hi, a, c, holder = _fetch_args(lo, hi, a, c, holder)
-    k = lo.size
-    has = hi > lo
-    m0 = np.where(has, lo // c, 0)
-    cnt = np.where(has, (hi - 1) // c + 1 - m0, 0)
-    dev = np.repeat(np.arange(k, dtype=_I64), cnt)
-    first = np.cumsum(cnt) - cnt
-    m = np.repeat(m0, cnt) + (np.arange(dev.size, dtype=_I64) - np.repeat(first, cnt))
-    r0 = np.maximum(lo[dev], m * c)
-    r1 = np.minimum(hi[dev], m * c + c)
-    src = holder[m]
-    so, do, ln = r0 - m * c, r0 - a[dev], r1 - r0
-    own = src == dev
-    own_src, own_dst, own_len = (np.zeros(k, _I64) for _ in range(3))
-    own_src[dev[own]], own_dst[dev[own]], own_len[dev[own]] = so[own], do[own], ln[own]
-    t = ~own
-    shift, r = np.unique(m[t] - dev[t], return_inverse=True)
-    r = r.reshape(-1)
-    src_off, dst_off, length = (np.zeros((shift.size, k), _I64) for _ in range(3))
-    source = np.full((shift.size, k), -1, _I64)
-    src_off[r, src[t]] = so[t]
-    dst_off[r, dev[t]] = do[t]
-    length[r, dev[t]] = ln[t]
-    source[r, dev[t]] = src[t]
-    return FetchRounds(own_src, own_dst, own_len, shift.astype(_I64), src_off, dst_off, length, source)
-
-
-def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
-    """:func:`fetch_rounds_np` or :func:`fetch_rounds_nb`, whichever pays (work: pieces).
-
-    >>> fetch_rounds([0, 3], [5, 8], a=[-1, 3], c=4).source.tolist()
-    [[-1, 0], [1, -1]]
-    """
-    lo_, hi_ = np.asarray(lo, dtype=_I64).reshape(-1), np.asarray(hi, dtype=_I64).reshape(-1)
-    span = int(np.max(hi_ - lo_)) if lo_.size else 0
-    work = lo_.size * (max(span, 0) // max(_int(c, "c", 1), 1) + 2)
-    if use_numba("fetch_rounds", work):
-        return fetch_rounds_nb(lo, hi, a, c, holder)
-    return fetch_rounds_np(lo, hi, a, c, holder)
+from .halo_tables import (FetchRounds, device_groups, device_groups_nb, device_groups_np,  # noqa: E402,F401
+                          fetch_rounds, fetch_rounds_nb, fetch_rounds_np)

@@ -1,0 +1,287 @@
+"""Plan-time tables of collectives, vectorised over all devices (Numba kernels + NumPy twins,
+dispatched by index_math.use_numba): device groups, and the halo planner's transfer rounds.
+
+    >>> device_groups((2, 3), (0,)).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from .index_math import _I64, _call, _int, kernels, use_numba
+
+
+# ========================================================================================
+# 3. device_groups
+# ========================================================================================
+
+def _mesh_args(mesh_shape: Sequence[int], axes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    shape = [_int(s, "mesh_shape entry", 1) for s in mesh_shape]
+    nd = len(shape)
+    ax = []
+    for a in axes:
+        a = _int(a, "axis")
+        if not -nd <= a < nd:
+            raise ValueError(f"axis {a} out of range for a {nd}-d mesh {tuple(shape)}")
+        ax.append(a % nd)
+    if len(set(ax)) != len(ax):
+        raise ValueError(f"duplicate mesh axes in {tuple(axes)}")
+    return np.asarray(shape, dtype=_I64).reshape(-1), np.asarray(ax, dtype=_I64).reshape(-1)
+
+
+def _device_groups_kernel(shape, axes):
+    nd = shape.shape[0]
+    strides = np.empty(nd, np.int64)
+    total = 1
+    for d in range(nd - 1, -1, -1):
+        strides[d] = total
+        total *= shape[d]
+    in_group = np.zeros(nd, np.bool_)
+    gsize = 1
+    for t in range(axes.shape[0]):
+        in_group[axes[t]] = True
+        gsize *= shape[axes[t]]
+    ngroups = total // gsize
+    rest = np.empty(nd - axes.shape[0], np.int64)
+    j = 0
+    for d in range(nd):
+        if not in_group[d]:
+            rest[j] = d
+            j += 1
+    base = np.empty(ngroups, np.int64)
+    for gi in range(ngroups):
+        rem = gi
+        pos = 0
+        for t in range(rest.shape[0] - 1, -1, -1):
+            d = rest[t]
+            pos += (rem % shape[d]) * strides[d]
+            rem //= shape[d]
+        base[gi] = pos
+    off = np.empty(gsize, np.int64)
+    for h in range(gsize):
+        rem = h
+        pos = 0
+        for t in range(axes.shape[0] - 1, -1, -1):
+            d = axes[t]
+            pos += (rem % shape[d]) * strides[d]
+            rem //= shape[d]
+        off[h] = pos
+    out = np.empty((ngroups, gsize), np.int64)
+    for gi in range(ngroups):
+        for h in range(gsize):
+            out[gi, h] = base[gi] + off[h]
+    return out
+
+
+def device_groups_nb(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+    """int64[num_groups, group_size]: the device groups of a collective over mesh ``axes``.
+
+    Devices are the row-major positions ``0 .. prod(mesh_shape)-1``. Row ``g`` lists the
+    devices sharing every coordinate outside ``axes``, ordered by their linear index over
+    ``axes`` taken in the order given (first = major); rows are ordered by the row-major
+    linear index of the remaining coordinates. ``axes=()`` gives one device per group.
+
+    >>> device_groups((2, 3), (1,)).tolist()          # along the minor axis
+    [[0, 1, 2], [3, 4, 5]]
+    >>> device_groups((2, 3), (0,)).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+    >>> device_groups((2, 3), (1, 0)).tolist()        # axis 1 major within the group
+    [[0, 3, 1, 4, 2, 5]]
+    """
+    shape, ax = _mesh_args(mesh_shape, axes)
+    return _call("device_groups", shape, ax)
+
+
+def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+    """NumPy twin of :func:`device_groups_nb`.
+
+    >>> device_groups_np((2, 2, 2), (2, 0)).tolist()
+    [[0, 4, 1, 5], [2, 6, 3, 7]]
+    """
+    shape, ax = _mesh_args(mesh_shape, axes)
+    nd = shape.size
+    strides = np.ones(nd, dtype=_I64)
+    if nd:
+        strides[:-1] = np.cumprod(shape[::-1])[::-1][1:]
+    grp = set(ax.tolist())
+    rest = [d for d in range(nd) if d not in grp]
+
+    def lin(dims: Sequence[int]) -> np.ndarray:
+        pos = np.zeros(1, dtype=_I64)
+        for d in dims:
+            pos = (pos[:, None] + np.arange(shape[d], dtype=_I64)[None, :] * strides[d]).reshape(-1)
+        return pos
+
+    return lin(rest)[:, None] + lin(ax.tolist())[None, :]
+
+
+def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+    """:func:`device_groups_np` or :func:`device_groups_nb`, whichever pays (work: devices).
+
+    >>> device_groups((2, 3), (0,)).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+    """
+    shape, _ = _mesh_args(mesh_shape, axes)
+    work = int(np.prod(shape, dtype=np.int64))
+    return device_groups_nb(mesh_shape, axes) if use_numba("device_groups", work) else device_groups_np(mesh_shape, axes)
+
+
+# ========================================================================================
+# 4. fetch_rounds (the halo planner's transfers)
+# ========================================================================================
+
+class FetchRounds(NamedTuple):
+    """The transfers that give every device the rows it needs (see :func:`fetch_rounds_nb`).
+
+    ``own_*`` are int64[k]; the rest are int64[R, k] for the R rounds (one per shift).
+    """
+
+    own_src: np.ndarray  # per device: first local row of its own piece
+    own_dst: np.ndarray  # per device: where its own piece goes in its segment
+    own_len: np.ndarray  # per device: rows of its own piece (0: none)
+    shift: np.ndarray  # int64[R], increasing: source shard minus destination device
+    src_off: np.ndarray  # [r, s]: first local row device s sends in round r
+    dst_off: np.ndarray  # [r, d]: where device d puts the rows it receives in round r
+    length: np.ndarray  # [r, d]: rows device d receives in round r (0: none)
+    source: np.ndarray  # [r, d]: the device d receives from in round r (-1: none)
+
+
+def _fetch_args(lo: Any, hi: Any, a: Any, c: int, holder: Any) -> tuple:
+    lo = np.ascontiguousarray(np.asarray(lo), dtype=_I64).reshape(-1)
+    hi = np.ascontiguousarray(np.asarray(hi), dtype=_I64).reshape(-1)
+    a = np.ascontiguousarray(np.asarray(a), dtype=_I64).reshape(-1)
+    c = _int(c, "c", 1)
+    k = lo.size
+    holder = (np.arange(k, dtype=_I64) if holder is None
+              else np.ascontiguousarray(np.asarray(holder), dtype=_I64).reshape(-1))
+    if not (hi.size == a.size == holder.size == k):
+        raise ValueError(f"lo, hi, a and holder must have one entry per device, got sizes "
+                         f"{lo.size}, {hi.size}, {a.size}, {holder.size}")
+    has = hi > lo
+    if k and (np.any(lo[has] < 0) or np.any(hi[has] > k * c)):
+        raise ValueError(f"rows to fetch must lie in [0, k*c) = [0, {k * c})")
+    return lo, hi, a, c, holder
+
+
+def _fetch_rounds_kernel(lo, hi, a, c, holder):
+    k = lo.shape[0]
+    own_src = np.zeros(k, np.int64)
+    own_dst = np.zeros(k, np.int64)
+    own_len = np.zeros(k, np.int64)
+    # pass 1: which shifts occur (shift = m - i lies in [-(k-1), k-1])
+    present = np.zeros(2 * k + 1, np.bool_)
+    for i in range(k):
+        if hi[i] <= lo[i]:
+            continue
+        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
+            if holder[m] != i:
+                present[m - i + k] = True
+    slot = np.full(2 * k + 1, -1, np.int64)
+    nr = 0
+    for t in range(2 * k + 1):
+        if present[t]:
+            slot[t] = nr
+            nr += 1
+    shift = np.empty(nr, np.int64)
+    for t in range(2 * k + 1):
+        if slot[t] >= 0:
+            shift[slot[t]] = t - k
+    src_off = np.zeros((nr, k), np.int64)
+    dst_off = np.zeros((nr, k), np.int64)
+    length = np.zeros((nr, k), np.int64)
+    source = np.full((nr, k), -1, np.int64)
+    # pass 2: fill the pieces
+    for i in range(k):
+        if hi[i] <= lo[i]:
+            continue
+        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
+            r0 = max(lo[i], m * c)
+            r1 = min(hi[i], m * c + c)
+            src = holder[m]
+            if src == i:
+                own_src[i] = r0 - m * c
+                own_dst[i] = r0 - a[i]
+                own_len[i] = r1 - r0
+            else:
+                r = slot[m - i + k]
+                src_off[r, src] = r0 - m * c
+                dst_off[r, i] = r0 - a[i]
+                length[r, i] = r1 - r0
+                source[r, i] = src
+    return own_src, own_dst, own_len, shift, src_off, dst_off, length, source
+
+
+def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+    """The transfers that give device ``i`` the real rows ``[lo[i], hi[i])`` of a sharded dim.
+
+    The dim is held in shards of ``c`` rows: shard ``m`` (rows ``[m*c, (m+1)*c)``) lives on
+    device ``holder[m]`` (default: device ``m``). Device ``i`` places its rows in a segment
+    whose row 0 is global row ``a[i]``. Every overlap of ``[lo[i], hi[i])`` with a shard is
+    one piece: from the device itself (``own_*``: source row, segment row, length), or a
+    transfer in the round of its shift ``m - i`` (left halo: shift -1, right halo: +1). In a
+    round each device receives at most one piece and sends at most one (``holder`` is a
+    permutation), so a round is one collective-permute: pairs ``(source[r, d], d)`` for
+    every ``d`` with ``source[r, d] >= 0``.
+
+    >>> # 3x3 SAME conv, 16 rows over 4 shards (c = 4): device i needs rows [4i-1, 4i+5)
+    >>> r = fetch_rounds_nb([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
+    >>> r.shift.tolist(), r.source.tolist()
+    ([-1, 1], [[-1, 0, 1, 2], [1, 2, 3, -1]])
+    >>> r.length.tolist(), r.own_len.tolist()
+    ([[0, 1, 1, 1], [1, 1, 1, 0]], [4, 4, 4, 4])
+    >>> r.src_off.tolist(), r.dst_off.tolist()        # left halo: a neighbour's last row
+    ([[3, 3, 3, 0], [0, 0, 0, 0]], [[0, 0, 0, 0], [5, 5, 5, 0]])
+    """
+    return FetchRounds(*_call("fetch_rounds", *_fetch_args(lo, hi, a, c, holder)))
+
+
+def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+    """NumPy twin of :func:`fetch_rounds_nb` (vectorised over pieces; no loop over shards).
+
+    >>> fetch_rounds_np([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4).shift.tolist()
+    [-1, 1]
+    """
+    lo, hi, a, c, holder = _fetch_args(lo, hi, a, c, holder)
+    k = lo.size
+    has = hi > lo
+    m0 = np.where(has, lo // c, 0)
+    cnt = np.where(has, (hi - 1) // c + 1 - m0, 0)
+    dev = np.repeat(np.arange(k, dtype=_I64), cnt)
+    first = np.cumsum(cnt) - cnt
+    m = np.repeat(m0, cnt) + (np.arange(dev.size, dtype=_I64) - np.repeat(first, cnt))
+    r0 = np.maximum(lo[dev], m * c)
+    r1 = np.minimum(hi[dev], m * c + c)
+    src = holder[m]
+    so, do, ln = r0 - m * c, r0 - a[dev], r1 - r0
+    own = src == dev
+    own_src, own_dst, own_len = (np.zeros(k, _I64) for _ in range(3))
+    own_src[dev[own]], own_dst[dev[own]], own_len[dev[own]] = so[own], do[own], ln[own]
+    t = ~own
+    shift, r = np.unique(m[t] - dev[t], return_inverse=True)
+    r = r.reshape(-1)
+    src_off, dst_off, length = (np.zeros((shift.size, k), _I64) for _ in range(3))
+    source = np.full((shift.size, k), -1, _I64)
+    src_off[r, src[t]] = so[t]
+    dst_off[r, dev[t]] = do[t]
+    length[r, dev[t]] = ln[t]
+    source[r, dev[t]] = src[t]
+    return FetchRounds(own_src, own_dst, own_len, shift.astype(_I64), src_off, dst_off, length, source)
+
+
+def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+    """:func:`fetch_rounds_np` or :func:`fetch_rounds_nb`, whichever pays (work: pieces).
+
+    >>> fetch_rounds([0, 3], [5, 8], a=[-1, 3], c=4).source.tolist()
+    [[-1, 0], [1, -1]]
+    """
+    lo_, hi_ = np.asarray(lo, dtype=_I64).reshape(-1), np.asarray(hi, dtype=_I64).reshape(-1)
+    span = int(np.max(hi_ - lo_)) if lo_.size else 0
+    work = lo_.size * (max(span, 0) // max(_int(c, "c", 1), 1) + 2)
+    if use_numba("fetch_rounds", work):
+        return fetch_rounds_nb(lo, hi, a, c, holder)
+    return fetch_rounds_np(lo, hi, a, c, holder)
+
+
+kernels(_device_groups_kernel, _fetch_rounds_kernel)
