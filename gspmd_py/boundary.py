@@ -56,7 +56,7 @@ class Boundary:
         self.targets = tuple(targets)
         self.shapes = tuple(tuple(s) for s in shapes)
         self.padded_shapes = tuple(tuple(s) for s in padded_shapes)
-        self.dtypes = tuple(np.dtype(d) for d in dtypes)
+        self.dtypes = tuple(d if jax.dtypes.issubdtype(d, jax.dtypes.extended) else np.dtype(d) for d in dtypes)  # keys stay keys
         self.uneven = tuple(i for i, (s, p) in enumerate(zip(self.shapes, self.padded_shapes)) if s != p)
         self._pad_fns: dict[int, Callable] = {}
 
