@@ -67,6 +67,7 @@ class Op:
     regions: list["Graph"] = attrs.field(factory=list)
     source: str = ""  # user source location, for messages
     effects: bool = False  # has side effects: never removed as dead code
+    scope: str = ""  # the library calls it was inlined from, outermost first ("searchsorted/_searchsorted_scan_impl")
 
     def __repr__(self) -> str:
         outs = " ".join(repr(v) for v in self.outputs)

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.extend.core import jaxpr_as_fun
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from .boundary import boundary_of, place
-from .errors import ShardingError
+from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
 from .layout import boundary_sharding
 from .mesh import Mesh
@@ -38,6 +39,7 @@ class Plan:
         self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
         refs = [a for s in self._shardings.values() for a in s.used_axes]
         refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
+        check_tag_names(graph, fn_name)
         self.fine = FineMesh.build(mesh, refs)
         self.ctx = Ctx(self.fine)
         self._build()
@@ -68,17 +70,11 @@ class Plan:
         self.out_specs = tuple(spec(d) for d in self._out_fdims)
         self.padded_in_shapes = [tuple(ceil_div(n, ctx.k(a)) * ctx.k(a) if a else n for n, a in zip(v.shape, d))
                                  for v, d in zip(g.inputs, in_dims)]
-        run = jaxpr_as_fun(self.program)
-        smap = jax.shard_map(lambda *xs: tuple(run(*xs)), mesh=self.jax_mesh, in_specs=self.in_specs,
-                             out_specs=self.out_specs, check_vma=False)
         # outputs over the user's mesh where the layout can be said there (layout.py); same devices, no copy
         self.out_jax_shardings = None if self.mesh.is_abstract else tuple(
             boundary_sharding(self, d, f"output {i} {v.type_str}")
             for i, (v, d) in enumerate(zip(g.outputs, self._out_fdims)))
-        jit_kw = {} if self.out_jax_shardings is None else {
-            "out_shardings": self.out_jax_shardings,  # and in_shardings, so that donated inputs can alias outputs
-            "in_shardings": tuple(NamedSharding(self.jax_mesh, s) for s in self.in_specs)}
-        self._jitted = jax.jit(smap, donate_argnums=self.donate_argnums, **jit_kw)
+        self._jitted = _jit_program(self, in_dims)
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)
         self._compiled = None
@@ -86,9 +82,16 @@ class Plan:
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
-        for v in self.graph.all_values():
-            if v.name == name:
-                return v
+        found = [v for v in self.graph.all_values() if v.name == name]
+        if len({self._shardings[v.id] for v in found}) > 1:
+            shown = "; ".join(f"{v.type_str} {self._shardings[v.id].shardy()}"
+                              + (f" at {v.producer.source}" if v.producer is not None and v.producer.source else "")
+                              for v in found[:3])
+            raise AnnotationError(f"{len(found)} values of {self.fn_name} are tagged {name!r} and they are sharded "
+                                  f"differently ({shown}{'; ...' if len(found) > 3 else ''}): give each its own "
+                                  f"gp.tag name")
+        if found:
+            return found[0]
         if name in self._in_names:
             return self.graph.inputs[self._in_names.index(name)]
         if name.startswith("out") and name[3:].isdigit() and int(name[3:]) < len(self.graph.outputs):
@@ -172,4 +175,61 @@ class Plan:
         return jax.tree_util.tree_unflatten(self._out_tree, outs)
 
 
+def _jit_program(plan: Plan, in_dims):
+    """jax.jit of the shard_map of the per-device program, taking every padded input.
+
+    Zero-size arrays hold no data, and XLA drops the sharding of a zero-size parameter
+    (a sharded one is then refused at the call) or fails to lower one that enters a manual
+    computation; so they never cross the shard_map boundary: a zero-size input is made
+    inside as an empty local array, a zero-size output outside as an empty global one,
+    laid out as planned (``jax.jit`` accepts and returns them, so must we)::
+
+        f(x f32[0,4] over P("x", None), w f32[8,4])  ->  shard_map(program(empty, w_local))
+    """
+    g, ctx = plan.graph, plan.ctx
+    in_specs, out_specs = plan.in_specs, plan.out_specs
+    run = jaxpr_as_fun(plan.program)
+    live_in = [i for i, v in enumerate(g.inputs) if v.size]
+    live_out = [j for j, v in enumerate(g.outputs) if v.size]
+    empty_in = {i: jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype)
+                for i, (v, d) in enumerate(zip(g.inputs, in_dims)) if not v.size}
+
+    def local(*xs):
+        it = iter(xs)
+        full = [jnp.zeros(empty_in[i].shape, empty_in[i].dtype) if i in empty_in else next(it)
+                for i in range(len(g.inputs))]
+        outs = run(*full)
+        return tuple(outs[j] for j in live_out)
+
+    smap = jax.shard_map(local, mesh=plan.jax_mesh, in_specs=tuple(in_specs[i] for i in live_in),
+                         out_specs=tuple(out_specs[j] for j in live_out), check_vma=False)
+
+    def program_fn(*xs):
+        got = iter(smap(*[xs[i] for i in live_in]) if live_out else ())
+        return tuple(next(got) if v.size else jnp.zeros(v.shape, v.dtype) for v in g.outputs)
+
+    jit_kw = {} if plan.out_jax_shardings is None else {
+        "out_shardings": plan.out_jax_shardings,  # and in_shardings, so that donated inputs can alias outputs
+        "in_shardings": tuple(NamedSharding(plan.jax_mesh, s) for s in in_specs)}
+    return jax.jit(program_fn, donate_argnums=plan.donate_argnums, **jit_kw)
+
+
+def check_tag_names(graph: Graph, fn_name: str) -> None:
+    """One gp.tag name, one place in the user's code.
+
+    Two ``gp.tag(.., "h")`` calls on different source lines are a mistake (the plan could
+    answer ``sharding_of("h")`` for only one of them): an AnnotationError naming both lines.
+    One line that tags several values (a layer called in a loop, jax.checkpoint's
+    recomputation, jvp's tangent) is allowed; ``sharding_of`` then refuses only if those
+    values are sharded differently.
+    """
+    where: dict[str, str] = {}
+    for op in graph.walk():
+        if op.prim != "gspmd_tag":
+            continue
+        name, src = op.params["name"], op.source
+        first = where.setdefault(name, src)
+        if first and src and first != src:
+            raise AnnotationError(f"gp.tag name {name!r} is used twice in {fn_name}: at {first} and at {src}; "
+                                  f"give each value its own name")
 

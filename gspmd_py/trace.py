@@ -62,7 +62,8 @@ class _Builder:
             arr = np.asarray(data, dtype=dtype)
         return new_value(self.ids, arr.shape, arr.dtype, const=arr)
 
-    def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None) -> Graph:
+    def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None,
+                scope: tuple[str, ...] = (), where: str = "") -> Graph:
         env: dict[Any, Value] = {}
         ops: list[Op] = []
         if inputs is None:
@@ -71,7 +72,7 @@ class _Builder:
             env[var] = val
         for var, c in zip(jaxpr.constvars, consts):
             env[var] = self.const(c, var.aval.dtype)
-        self._eqns(jaxpr.eqns, env, ops)
+        self._eqns(jaxpr.eqns, env, ops, scope, where)
         outs = [self._read(env, v) for v in jaxpr.outvars]
         return Graph(list(inputs), outs, ops)
 
@@ -80,11 +81,15 @@ class _Builder:
             return self.const(var.val, var.aval.dtype)
         return env[var]
 
-    def _eqns(self, eqns, env, ops: list[Op]) -> None:
+    def _eqns(self, eqns, env, ops: list[Op], scope: tuple[str, ...] = (), where: str = "") -> None:
+        """``scope``: the names of the calls inlined around these equations (``jnp.searchsorted``
+        is ``jit[name=searchsorted]``); ``where``: the source line of the call around them, for
+        equations whose own source is lost (inside a library's scan body)."""
         for eqn in eqns:
             name = eqn.primitive.name
             ins = [self._read(env, v) for v in eqn.invars]
             sub = next((eqn.params[k] for k in _CALL_PARAMS if k in eqn.params and eqn.params[k] is not None), None)
+            src = _source(eqn) or where
             if name in INLINE and sub is not None:
                 if name == "spmd_call":
                     self._check_mesh(eqn)
@@ -97,12 +102,13 @@ class _Builder:
                 local = dict(zip(inner.invars, ins))
                 for var, c in zip(inner.constvars, consts):
                     local[var] = self.const(c, var.aval.dtype)
-                self._eqns(inner.eqns, local, ops)
+                named = scope + (str(eqn.params["name"]),) if eqn.params.get("name") else scope
+                self._eqns(inner.eqns, local, ops, named, src)
                 for ov, iv in zip(eqn.outvars, inner.outvars):
                     env[ov] = self._read(local, iv)
                 continue
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-            op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=_source(eqn),
+            op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=src, scope="/".join(scope),
                     effects=bool(eqn.effects))
             for o in outs:
                 o.producer = op
@@ -111,7 +117,7 @@ class _Builder:
                     subs = eqn.params[key]
                     for s in subs if isinstance(subs, (tuple, list)) else (subs,):
                         j, consts = _open(s)
-                        op.regions.append(self.convert(j, consts))
+                        op.regions.append(self.convert(j, consts, scope=scope, where=src))
             if name == "gspmd_tag":
                 outs[0].name = eqn.params["name"]
             if name in CONSTRAINTS:  # jax.lax.with_sharding_constraint / reshard: an annotation

@@ -21,6 +21,8 @@ NARY = (
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",
     "xor", "eq", "ne", "lt", "le", "gt", "ge", "shift_left", "shift_right_logical", "shift_right_arithmetic",
     "complex", "igamma", "igammac", "random_gamma_grad", "polygamma", "zeta", "select_n", "clamp",
+    "eq_to", "lt_to", "le_to",  # total-order comparisons (jnp.searchsorted, histogram, interp, sort keys)
+    "igamma_grad_a", "regularized_incomplete_beta",
 )
 IDENTITY = ("gspmd_annotate", "gspmd_tag")
 

@@ -44,7 +44,7 @@ def gather(op) -> OpRule:
     return b.operand(op_f).operand(idx_f).result(out_f).build(OTHER)
 
 
-@register("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
+@register("scatter", "scatter-add", "scatter_add", "scatter-sub", "scatter_sub", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
           "scatter-max", "scatter_max", handler="generic")
 def scatter(op) -> OpRule:
     dn = op.params["dimension_numbers"]

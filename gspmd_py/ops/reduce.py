@@ -8,6 +8,7 @@
                                                                   totals of the shards before)
     sort        [m,n] dimension=1 -> [m,n]    "[i,j] -> [i,j]"    j: need_replication
     top_k       [m,n] k         -> [m,k],[m,k] "[i,j] -> [i,l], [i,l]"   j, l: need_replication
+                (approx_top_k: the same along its reduction_dimension)
 """
 from __future__ import annotations
 
@@ -58,14 +59,14 @@ def sort(op) -> OpRule:
     return b.build(OTHER)
 
 
-@register("top_k", handler="along_dim")
+@register("top_k", "approx_top_k", handler="along_dim")
 def top_k(op) -> OpRule:
     src = op.inputs[0].shape
-    last = len(src) - 1
+    last = op.params["reduction_dimension"] % len(src) if op.prim == "approx_top_k" else len(src) - 1
     b = RuleBuilder()
     fs = [b.factor(s, NEED_REPLICATION if d == last else PASS) for d, s in enumerate(src)]
-    k = b.factor(op.outputs[0].shape[-1], NEED_REPLICATION)
+    k = b.factor(op.outputs[0].shape[last], NEED_REPLICATION)
     b.operand(fs)
     for _ in op.outputs:
-        b.result(fs[:-1] + [k])
+        b.result(fs[:last] + [k] + fs[last + 1:])
     return b.build(OTHER)

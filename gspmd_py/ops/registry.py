@@ -49,7 +49,9 @@ def handler_names_in_use() -> set[str]:
 def rule_for(op) -> OpRule:
     entry = _RULES.get(op.prim)
     if entry is None:
-        where = f" (at {op.source})" if getattr(op, "source", "") else ""
+        parts = [f"emitted by {op.scope.split('/')[0]!r}"] if getattr(op, "scope", "") else []
+        parts += [f"at {op.source}"] if getattr(op, "source", "") else []
+        where = f" ({', '.join(parts)})" if parts else ""
         raise UnsupportedOpError(
             f"primitive {op.prim!r}{where} has no sharding rule in gspmd_py; supported primitives: "
             f"{', '.join(registered()[:12])}, ... ({len(_RULES)} in all; see gspmd_py.ops.registered())"

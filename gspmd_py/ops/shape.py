@@ -65,6 +65,8 @@ def reshape_factors(b: RuleBuilder, src, dst):
     """
     src = [int(s) for s in src]
     dst = [int(s) for s in dst]
+    if 0 in src or 0 in dst:  # no elements: nothing relates the dims (and nothing moves)
+        return ([[b.factor(s, NEED_REPLICATION)] for s in src], [[b.factor(s, NEED_REPLICATION)] for s in dst])
     in_dims: list[list[int]] = [[] for _ in src]
     out_dims: list[list[int]] = [[] for _ in dst]
     i = j = 0

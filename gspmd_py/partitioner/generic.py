@@ -12,6 +12,7 @@ from jax import lax
 
 from .context import Ctx
 from .registry import handler
+from .reshard import reshard
 
 
 def bind_local(op, xs, out_shapes):
@@ -29,6 +30,10 @@ def bind_local(op, xs, out_shapes):
                                         zip(src, params["limit_indices"], params["start_indices"], loc))
     elif prim == "dynamic_slice":
         params["slice_sizes"] = tuple(out_shapes[0])
+    elif prim == "tile":  # each device tiles its block (reps / shards of the repeat factor) times
+        params["reps"] = tuple(o // i if i else 1 for o, i in zip(out_shapes[0], xs[0].shape))
+    elif prim == "empty":
+        params["shape"] = tuple(out_shapes[0])
     elif prim == "gather":
         src = op.inputs[0].shape
         loc = xs[0].shape
@@ -81,6 +86,18 @@ def iota(ctx: Ctx, op, rule, plan, args):
     dtype = op.params["dtype"]
     y = lax.broadcasted_iota(dtype, ctx.local_shape(out, w), d) + ctx.offset(out[d], w[d]).astype(dtype)
     return [ctx.pv(y, out, w)]
+
+
+@handler("stack")
+def stack(ctx: Ctx, op, rule, plan, args):
+    """Stack the local blocks (the new dim whole), then keep this device's rows of the new
+    dim: a local slice, no communication (every device holds the operands it stacks)."""
+    axis = op.params["axis"]
+    out = op.outputs[0]
+    y = op.primitive.bind(*[a.x for a in args], **op.params)
+    dims = list(plan.results[0])
+    whole = tuple(dims[:axis]) + ((),) + tuple(dims[axis + 1:])
+    return [reshard(ctx, ctx.pv(y, out.shape, whole, dtype=out.dtype), plan.results[0])]
 
 
 @handler("generic")

@@ -77,7 +77,20 @@ def operand_target(rule: OpRule, i: int, arg: PValue, projected: FineDims) -> Fi
     return tuple(() if (not arg.dims[d] and rule.windowed(i, d)) else t for d, t in enumerate(projected))
 
 
+def empty_results(ctx: Ctx, op: Op, plan: OpPlan) -> list[PValue] | None:
+    """An op whose results all have zero elements computes nothing: each device holds empty
+    arrays of the local shapes (decided at plan time, whatever the op; e.g. ``x[9:9:2]`` of
+    a sharded dim, whose window geometry would otherwise ask for negative halo widths)."""
+    if op.regions or not op.outputs or any(v.size for v in op.outputs):
+        return None
+    return [ctx.pv(jnp.zeros(ctx.local_shape(v.shape, d), v.dtype), v.shape, d, dtype=v.dtype)
+            for v, d in zip(op.outputs, plan.results)]
+
+
 def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PValue]) -> list[PValue]:
+    empty = empty_results(ctx, op, plan)
+    if empty is not None:
+        return empty
     modes, carried = carry_modes(op, args)
     xs = []
     for i, (a, mode) in enumerate(zip(args, modes)):

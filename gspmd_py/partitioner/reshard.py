@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from .context import Ctx, dyn_slice_dim, pad_dim
@@ -30,7 +31,10 @@ def reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool = False) 
     hit = ctx.reshard_cache.get(key)
     if hit is not None:
         return hit
-    out = _reshard(ctx, pv, target, keep_partial)
+    if 0 in pv.shape:  # no data: any layout is an empty local array (XLA refuses empty collectives)
+        out = ctx.pv(jnp.zeros(ctx.local_shape(pv.shape, target), pv.dtype), pv.shape, target, dtype=pv.dtype)
+    else:
+        out = _reshard(ctx, pv, target, keep_partial)
     ctx.reshard_cache[key] = out
     return out
 
