@@ -123,3 +123,88 @@ def kinds(plan) -> list[str]:
 def f32(*shape):
     """A float32 jax.ShapeDtypeStruct of ``shape`` (plan without arrays)."""
     return jax.ShapeDtypeStruct(shape, np.float32)
+
+
+# -- jax.jit with the same shardings, and bitwise comparison ---------------------------------------
+
+def _bits_mesh(mesh: gp.Mesh):
+    """A jax Mesh with every axis of size 2^k split into k axes of size 2 ("y" of size 4 ->
+    "y#0", "y#1", major first), so any sub-axis of gp's (``y:(2)2`` -> "y#1") has a name;
+    the device order is the gp mesh's (row-major splitting keeps every device in place)."""
+    names, sizes = [], []
+    for a, n in zip(mesh.axis_names, mesh.shape):
+        k = int(n).bit_length() - 1
+        assert 1 << k == n, f"mesh axis {a} of size {n} is not a power of 2"
+        names += [f"{a}#{i}" for i in range(k)]
+        sizes += [2] * k
+    return jax.sharding.Mesh(mesh.jax_devices().reshape(sizes), tuple(names))
+
+
+def jax_spec(mesh: gp.Mesh, spec, rank: int):
+    """gp.P (sub-axes allowed) -> jax PartitionSpec over ``_bits_mesh(mesh)``."""
+    from jax.sharding import PartitionSpec as JP
+
+    if spec is None:
+        return JP(*([None] * rank))
+    out = []
+    for e in list(spec) + [None] * (rank - len(spec)):
+        if e is None:
+            out.append(None)
+            continue
+        names = []
+        for a in (e if isinstance(e, tuple) else (e,)):
+            r = mesh.ref(a)
+            start = r.pre.bit_length() - 1
+            names += [f"{r.name}#{start + i}" for i in range(r.size.bit_length() - 1)]
+        out.append(tuple(names) if names else None)
+    return JP(*out)
+
+
+def jit_sharded(fn, mesh: gp.Mesh, args, in_specs=None, out_specs=None):
+    """``fn`` under jax.jit with the same input (and output) shardings, placed by
+    with_sharding_constraint so that uneven dims are allowed: XLA's own partitioned result."""
+    from jax.sharding import NamedSharding
+
+    jm = _bits_mesh(mesh)
+    leaves = list(args)
+    ins = list(in_specs) if isinstance(in_specs, (tuple, list)) else [in_specs] * len(leaves)
+
+    def constrained(*xs):
+        xs = [x if s is None else jax.lax.with_sharding_constraint(x, NamedSharding(jm, jax_spec(mesh, s, x.ndim)))
+              for x, s in zip(xs, ins)]
+        out = fn(*xs)
+        if out_specs is None:
+            return out
+        flat, tree = jax.tree_util.tree_flatten(out)
+        outs = list(out_specs) if isinstance(out_specs, (tuple, list)) else [out_specs] * len(flat)
+        flat = [y if s is None else jax.lax.with_sharding_constraint(y, NamedSharding(jm, jax_spec(mesh, s, y.ndim)))
+                for y, s in zip(flat, outs)]
+        return jax.tree_util.tree_unflatten(tree, flat)
+
+    return jax.jit(constrained)(*leaves)
+
+
+def bitwise_diff(got, want) -> str:
+    """'' if got and want are the same bits as values: same dtype and shape, NaN where NaN,
+    the same sign on zeros and infinities; else a short description of the first difference."""
+    g, w = np.atleast_1d(np.asarray(got)), np.atleast_1d(np.asarray(want))
+    if g.dtype != w.dtype or g.shape != w.shape:
+        return f"{g.dtype}{list(g.shape)} != {w.dtype}{list(w.shape)}"
+    if not gp.dtypes.is_float(w.dtype):
+        bad = g != w
+    else:
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        bad = ~((g64 == w64) & (np.signbit(g64) == np.signbit(w64)) | (np.isnan(g64) & np.isnan(w64)))
+    if not bad.any():
+        return ""
+    i = tuple(int(v[0]) for v in np.nonzero(bad))
+    return f"{int(bad.sum())} of {bad.size} differ, first at {i}: {g[i]!r} != {w[i]!r}"
+
+
+def assert_bitwise(got, want, what="output"):
+    gl, gt = jax.tree_util.tree_flatten(got)
+    wl, wt = jax.tree_util.tree_flatten(want)
+    assert gt == wt, f"{what}: tree {gt} != {wt}"
+    for i, (g, w) in enumerate(zip(gl, wl)):
+        d = bitwise_diff(g, w)
+        assert not d, f"{what}[{i}]: {d}"

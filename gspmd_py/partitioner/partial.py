@@ -1,7 +1,9 @@
 """Partial values in one place: how they are made, which ops carry them, how they are reduced.
 
 A value is replicated, tiled, or *partial* over some mesh axes with a reduce op (sum, max,
-min, and, or, xor, prod; DTensor's ``Partial(reduce_op)``). Reduction factors of a rule
+min, and, or, xor, prod; DTensor's ``Partial(reduce_op)``; "pick": exactly one device holds
+each element and the others hold zero bits, reduced bit-exactly: a dynamic slice of sharded
+rows). Reduction factors of a rule
 make partial results (a dot contracting a sharded dim, a max over a sharded dim); reshard
 reduces them with the matching collective.
 
@@ -121,6 +123,8 @@ def all_reduce(ctx, x, axes: Sequence[str], op: str, dtype):
         return ctx.all_reduce(x, axes, "sum").astype(dtype)
     if op in ("max", "min"):
         return _nan_aware(ctx, x, axes, op).astype(dtype)
+    if op == "pick":  # one device holds each element, the others zero bits: sum the bits
+        return _pick(ctx, x, axes).astype(dtype)
     if op in ("and", "or") and dtypes.is_bool(x.dtype):
         return ctx.all_reduce(x.astype(jnp.uint8), axes, "min" if op == "and" else "max").astype(dtype)
     # prod, xor, bitwise and/or of integers: gather the partial results and reduce them locally
@@ -129,6 +133,18 @@ def all_reduce(ctx, x, axes: Sequence[str], op: str, dtype):
           "and": lambda v, axis: lax.reduce_and_p.bind(v, axes=(axis,)),
           "or": lambda v, axis: lax.reduce_or_p.bind(v, axes=(axis,))}[op]
     return fn(g, axis=0).astype(dtype)
+
+
+def _pick(ctx, x, axes):
+    """The holder's value, bit for bit (-0.0, NaN payloads, inf): an integer sum of the bit
+    patterns, since every other device contributes zero bits (a float sum would turn -0.0
+    into +0.0: XLA's all-reduce starts from +0.0)."""
+    if dtypes.is_bool(x.dtype):
+        return ctx.all_reduce(x.astype(jnp.uint8), axes, "max").astype(jnp.bool_)
+    if dtypes.is_int(x.dtype):
+        return ctx.all_reduce(x, axes, "sum")
+    bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[np.dtype(x.dtype).itemsize]
+    return lax.bitcast_convert_type(ctx.all_reduce(lax.bitcast_convert_type(x, bits), axes, "sum"), x.dtype)
 
 
 def _nan_aware(ctx, x, axes, op: str):

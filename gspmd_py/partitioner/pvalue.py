@@ -24,7 +24,7 @@ class Partial:
     """Local values are partial results over ``axes`` (fine axes), combined with ``op``.
 
     ``op``: "sum" | "max" | "min" | "and" | "or" | "xor" | "prod" (DTensor's
-    ``Partial(reduce_op)``). Example: a dot whose contracting dim is sharded over y gives
+    ``Partial(reduce_op)``) | "pick" (one device holds each element, the others zero bits). Example: a dot whose contracting dim is sharded over y gives
     ``Partial(("y",), "sum")``; a max-reduction over a dim sharded over x gives
     ``Partial(("x",), "max")``.
     """

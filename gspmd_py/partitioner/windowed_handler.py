@@ -277,8 +277,8 @@ def _starts(ctx: Ctx, args, shape, sizes):
 @handler("dynamic_slice")
 def partition_dynamic_slice(ctx: Ctx, op, rule, plan, args):
     """Sliced dims: a small slice of a sharded dim is a "pick" reduction (each device
-    contributes the rows it holds, the identity elsewhere: -0.0 for floats, so every value
-    and its sign survive the sum); otherwise the dim is whole and sliced locally."""
+    contributes the rows it holds, zero bits elsewhere, reduced bit-exactly: -0.0 and NaN
+    payloads survive); otherwise the dim is whole and sliced locally."""
     sizes = tuple(op.params["slice_sizes"])
     shape = op.inputs[0].shape
     per_dim = _per_dim(rule, plan)
@@ -287,7 +287,7 @@ def partition_dynamic_slice(ctx: Ctx, op, rule, plan, args):
     xv = args[0]
     x = xv.x
     dt = np.dtype(op.inputs[0].dtype)
-    fill = dtypes.additive_identity(dt)
+    fill = np.zeros((), dt)
     contrib: list[str] = []
     for d, (kind, axes) in enumerate(per_dim):
         if kind == PASS:
@@ -304,7 +304,7 @@ def partition_dynamic_slice(ctx: Ctx, op, rule, plan, args):
             contrib.extend(axes)
         else:
             x = lax.dynamic_slice_in_dim(x, starts[d], m, axis=d)
-    p = Partial(tuple(contrib), "or" if dtypes.is_bool(dt) else "sum") if contrib else None
+    p = Partial(tuple(contrib), "pick") if contrib else None
     if contrib:
         ctx.notes.append(f"{ctx.current_op}: dynamic_slice of a sharded dim: each device contributes the rows it "
                          f"holds (partial sums over {ctx.fine.label(contrib)}), no all-gather")
