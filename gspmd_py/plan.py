@@ -65,7 +65,8 @@ class Plan:
         self._collectives = collect(self.program.jaxpr, self.fine, lambda i: labels.get(i, f"op {i}"))
         self.jax_mesh = self.fine.jax_mesh()
         spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
-        self.in_specs = tuple(spec(d) for d in in_dims)
+        # a zero-size value holds no data: it crosses the boundary replicated (see _jit_program)
+        self.in_specs = tuple(spec(d if v.size else ((),) * v.rank) for v, d in zip(g.inputs, in_dims))
         self._out_fdims = [boundary_out_dims(ctx, v.shape, d) for v, d in zip(g.outputs, out_dims)]
         self.out_specs = tuple(spec(d) for d in self._out_fdims)
         self.padded_in_shapes = [tuple(ceil_div(n, ctx.k(a)) * ctx.k(a) if a else n for n, a in zip(v.shape, d))
@@ -178,11 +179,15 @@ class Plan:
 def _jit_program(plan: Plan, in_dims):
     """jax.jit of the shard_map of the per-device program, taking every padded input.
 
-    Zero-size arrays hold no data, and XLA drops the sharding of a zero-size parameter
-    (a sharded one is then refused at the call) or fails to lower one that enters a manual
-    computation; so they never cross the shard_map boundary: a zero-size input is made
-    inside as an empty local array, a zero-size output outside as an empty global one,
-    laid out as planned (``jax.jit`` accepts and returns them, so must we)::
+    The jit names every input's and output's sharding: XLA drops the sharding of a
+    parameter the program does not read (a program that constant-folds, or a zero-size
+    input), and would then refuse the sharded argument at the call.
+
+    Zero-size arrays hold no data; XLA fails to lower one that enters a manual computation
+    and returns a zero-size output unsplit whatever its sharding. So they never cross the
+    shard_map boundary and travel replicated: a zero-size input is made inside as an empty
+    local array, a zero-size output outside as an empty global one (``jax.jit`` accepts and
+    returns them, so must we)::
 
         f(x f32[0,4] over P("x", None), w f32[8,4])  ->  shard_map(program(empty, w_local))
     """

@@ -78,7 +78,7 @@ def maybe(strategy, p_none: float = 0.3):
 
 def rand(shape, dtype=np.float32, seed: int = 0, *, low=-2.0, high=2.0):
     rng = np.random.default_rng(seed + 7919 * len(shape) + int(np.prod(shape, dtype=np.int64)))
-    if np.issubdtype(np.dtype(dtype), np.floating):
+    if gp.dtypes.is_float(dtype):
         return rng.uniform(low, high, size=shape).astype(dtype)
     if np.dtype(dtype) == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np.bool_)
@@ -208,3 +208,82 @@ def assert_bitwise(got, want, what="output"):
     for i, (g, w) in enumerate(zip(gl, wl)):
         d = bitwise_diff(g, w)
         assert not d, f"{what}[{i}]: {d}"
+
+
+# -- dtypes and special values for the random-program fuzz ------------------------------------------
+
+FUZZ_DTYPES = ("float32", "bfloat16", "float16", "int32", "int8", "bool")
+
+
+def np_dtype(name: str) -> np.dtype:
+    return np.dtype(jax.numpy.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def special_values(dtype, huge: bool = False) -> np.ndarray:
+    """The values that break partitioners: 0, -0.0, +-inf, NaN, the smallest normal, and
+    (``huge``) finite values near the dtype's max; integers: 0, +-1, min, max."""
+    d = np.dtype(dtype)
+    if gp.dtypes.is_bool(d):
+        return np.array([False, True])
+    if gp.dtypes.is_int(d):
+        ii = np.iinfo(d)
+        return np.array([0, 1, ii.max, ii.min] + ([-1] if ii.min < 0 else []), d)
+    fi = jax.numpy.finfo(d)
+    vals = [0.0, -0.0, np.inf, -np.inf, np.nan, float(fi.tiny), -float(fi.tiny)]
+    if huge:
+        vals += [float(fi.max), -float(fi.max), 0.75 * float(fi.max), -0.5 * float(fi.max)]
+    with np.errstate(all="ignore"):
+        return np.array(vals, np.float64).astype(d)
+
+
+def fuzz_values(shape, dtype, seed: int, mode: str = "plain") -> np.ndarray:
+    """``rand`` values; with mode "special" (or "huge") about 30% of them replaced by
+    ``special_values`` (bit patterns kept: -0.0 stays -0.0)."""
+    x = rand(shape, dtype, seed)
+    if mode == "plain" or x.size == 0:
+        return x
+    rng = np.random.default_rng(seed + 104729)
+    sv = special_values(dtype, huge=mode == "huge")
+    mask = rng.random(x.shape) < 0.3
+    x[mask] = sv[rng.integers(0, len(sv), int(mask.sum()))]
+    return x
+
+
+EXACT, EXACT_UP_TO_ZERO_SIGN, INEXACT = 2, 1, 0
+
+
+def fuzz_diff(got, want, exactness: int, tol: float, scale: float) -> tuple[str, float]:
+    """('' or what differs, the worst finite error in units of tol * (|want| + scale)).
+
+    EXACT: the same bits as values (NaN == NaN, the signs of zeros and infinities).
+    EXACT_UP_TO_ZERO_SIGN: the same, except that a zero may have either sign: max/min over
+    -0.0 and +0.0 (IEEE 754 leaves that choice open and XLA's CPU max returns the operand
+    by position, so a reduction in another order picks the other zero).
+    INEXACT (float arithmetic rounded in another order): NaN where NaN, infinities equal
+    with their signs, finite values within tol * (|want| + scale), ``scale`` the magnitude
+    of the values the output was computed from (the bound of a reordered sum); the sign
+    of a zero is not compared (a zero from arithmetic is +0.0 or -0.0 by the order of
+    the operations that cancelled or underflowed to it).
+    """
+    g, w = np.atleast_1d(np.asarray(got)), np.atleast_1d(np.asarray(want))
+    if g.dtype != w.dtype or g.shape != w.shape:
+        return f"{g.dtype}{list(g.shape)} != {w.dtype}{list(w.shape)}", 0.0
+    if not gp.dtypes.is_float(w.dtype) or exactness == EXACT:
+        return bitwise_diff(g, w), 0.0
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    gn, wn = np.isnan(g64), np.isnan(w64)
+    fin = np.isfinite(g64) & np.isfinite(w64)
+    bad = (gn != wn) | (~fin & ~gn & ~wn & (g64 != w64))
+    worst = 0.0
+    with np.errstate(all="ignore"):
+        if exactness == EXACT_UP_TO_ZERO_SIGN:
+            bad |= fin & (g64 != w64)
+        elif fin.any():
+            err = np.abs(g64 - w64) / (tol * (np.abs(w64) + scale))
+            err = np.where(fin, err, 0.0)
+            worst = float(err.max())
+            bad |= err > 1
+    if not bad.any():
+        return "", worst
+    i = tuple(int(v[0]) for v in np.nonzero(bad))
+    return f"{int(bad.sum())} of {bad.size} differ, first at {i}: {g[i]!r} != {w[i]!r}", worst

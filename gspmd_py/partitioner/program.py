@@ -68,7 +68,10 @@ def op_scope(op: Op) -> str:
 
 
 def boundary_out_dims(ctx: Ctx, shape, dims: FineDims) -> FineDims:
-    """Drop the axes of dims whose size they do not divide (jax.Arrays must divide evenly)."""
+    """Drop the axes of dims whose size they do not divide (jax.Arrays must divide evenly);
+    a zero-size output leaves replicated (it holds no data: plan.py's _jit_program)."""
+    if 0 in shape:
+        return ((),) * len(shape)
     return tuple(axes if not axes or n % ctx.k(axes) == 0 else () for n, axes in zip(shape, dims))
 
 
