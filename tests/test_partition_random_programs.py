@@ -47,7 +47,7 @@ DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 0)
 MAX_ELEMS = 4096
 
 # tolerance of float arithmetic in epsilons of the dtype (see the module docstring)
-TOL = {"float32": 64, "bfloat16": 8, "float16": 8}
+TOL = {"float32": 8, "bfloat16": 8, "float16": 8}
 
 FLOAT_UNARY = {
     "tanh": jnp.tanh, "exp": lambda v: jnp.exp(jnp.clip(v, -5, 5)), "neg": jnp.negative, "abs": jnp.abs,

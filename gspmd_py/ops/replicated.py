@@ -12,11 +12,13 @@ from .registry import register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
 RANDOM = ("random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
-          "threefry2x32", "random_clone")
+          "threefry2x32", "random_clone", "rng_bit_generator", "rng_uniform", "random_gamma")
+LINALG = ("custom_linear_solve", "linear_solve", "fft", "cholesky", "cholesky_update", "triangular_solve", "eig",
+          "eigh", "lu", "lu_pivots_to_permutation", "qr", "geqrf", "geqp3", "householder_product", "ormqr", "svd",
+          "schur", "hessenberg", "tridiagonal", "tridiagonal_solve", "symmetric_product")
 
 
-@register(*RANDOM, "custom_linear_solve", "linear_solve", "fft", "cholesky", "triangular_solve", "eig", "eigh",
-          "lu", "qr", "svd", "reduce", "argsort", "optimization_barrier", handler="replicated")
+@register(*RANDOM, *LINALG, "reduce", "argsort", "optimization_barrier", handler="replicated")
 def replicated(op) -> OpRule:
     b = RuleBuilder()
     for v in op.inputs:

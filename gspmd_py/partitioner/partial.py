@@ -48,7 +48,7 @@ _MOVES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast
 
 
 def result_dtype_ok(op, partial: Partial) -> bool:
-    return partial.op == "sum" and not dtypes.is_bool(op.outputs[0].dtype)
+    return partial.op == "sum" and bool(op.outputs) and not dtypes.is_bool(op.outputs[0].dtype)
 
 
 def carry_modes(op, args: Sequence[PValue]) -> tuple[list[str], Optional[Partial]]:

@@ -1,0 +1,36 @@
+"""Host callbacks: jax.debug.print / jax.debug.callback and jax.pure_callback.
+
+    debug_print    x [m,n] ->            "[i,j] ->"       i, j: need_replication; printed once,
+                                                          by the first device, with the whole value
+    debug_callback x [m,n] ->            (the same)
+    pure_callback  x [m,n] -> y [p]      "[i,j] -> [k]"   every factor need_replication: the
+                                                          callback sees whole arrays on every device
+                                                          (a replicated fallback, reported)
+
+jax.jit of a sharded program calls a debug callback once with the whole value; so does
+gspmd_py. (``io_callback`` has ordered side effects whose results every device would need:
+no rule.)
+"""
+from __future__ import annotations
+
+from .registry import register
+from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
+
+
+def _whole(op) -> OpRule:
+    b = RuleBuilder()
+    for v in op.inputs:
+        b.operand([b.factor(s, NEED_REPLICATION) for s in v.shape])
+    for v in op.outputs:
+        b.result([b.factor(s, NEED_REPLICATION) for s in v.shape])
+    return b.build(OTHER)
+
+
+@register("debug_print", "debug_callback", handler="host_callback")
+def debug_callback(op) -> OpRule:
+    return _whole(op)
+
+
+@register("pure_callback", handler="replicated")
+def pure_callback(op) -> OpRule:
+    return _whole(op)
