@@ -109,6 +109,11 @@ def test_float16_partial_sums_accumulate_in_float32():
     compare(lambda a, b: a @ b, M8, (v[None], np.ones((8, 2), np.float16)), (P(None, "x"), P("x", None)), xla_ok=False)
     _, ours, _ = compare(jnp.sum, M8, (v,), (P("x"),), xla_ok=False)
     assert float(ours) == 10.0
+    # a float16 partial kept (in float32) through ops before its all-reduce: a division by a
+    # constant runs in float32, a convert keeps the wide form (it crashed on float32 / float16)
+    for fn in (lambda a: jnp.sum(a) / 2.0 * 3.0, lambda a: (jnp.sum(a) / 2.0).astype(jnp.float32),
+               lambda a: jnp.sum(a).astype(jnp.float16) - 1):
+        _, ours, _ = compare(fn, M8, (v,), (P("x"),), xla_ok=False)
 
 
 def test_reduce_precision_is_not_linear():
@@ -331,6 +336,10 @@ COVERAGE = {
     "unstack": (lambda a: lax.unstack(a, axis=1), (F(4, 8),), (P(None, ("x", "y")),), None),
     "scatter_sub": (lambda a, i: jnp.asarray(a).at[i].subtract(1.5), (F(13, 3), np.array([1, 3, 1], np.int32)), (P("x", "y"), None), None),
     "empty": (lambda a: lax.empty((5, 3), jnp.float32) * 0 + a, (F(5, 3),), (P("x", "y"),), None),
+    # select_and_gather_add: the max pool's jvp (forward-mode AD, Hessian-vector products)
+    "jvp_max_pool": (lambda a, t: jax.jvp(lambda v: lax.reduce_window(v, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
+                                                                          "SAME"), (a,), (t,)),
+                     (F(2, 13, 8, 3), F(2, 13, 8, 3)), (P("x", "y"), P("x", "y")), None),
 }
 
 
@@ -339,3 +348,65 @@ def test_coverage(name):
     fn, args, ins, outs = COVERAGE[name]
     plan, _, _ = compare(fn, M24, args, ins, outs, xla_ok=name != "digitize_bincount")
     assert not plan.fallbacks
+
+
+def test_debug_print_once_with_the_whole_value(capfd):
+    """jax.debug.print / jax.debug.callback in a partitioned function: called once, by one
+    device, with the whole value (as jax.jit does), not once per device with its shard."""
+    x = np.arange(96, dtype=np.float32).reshape(8, 12)
+
+    def f(a):
+        jax.debug.print("total {t} row0 {r}", t=a.sum(), r=a[0, :3])
+        jax.debug.callback(lambda v: print("callback shape", v.shape), a)
+        return a * 2
+
+    jax.block_until_ready(gp.spmd(f, M24, in_shardings=P("x", "y"))(x))
+    out = capfd.readouterr().out
+    assert out.count("total 4560.0 row0 [0. 1. 2.]") == 1, out
+    assert out.count("callback shape (8, 12)") == 1, out
+
+
+def test_no_partitioned_form_falls_back_loudly():
+    """Ops with no partitioned form (linear algebra, host callbacks with results, random bits)
+    are computed whole on every device: correct, with a PartitionWarning and a report line."""
+    a = F(8, 8)
+    spd = (a @ a.T + 8 * np.eye(8)).astype(np.float32)
+    cases = [(lambda m: jnp.linalg.cholesky(m) * 2, "cholesky"),
+             (lambda m: jax.pure_callback(lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct(m.shape, m.dtype), m) + 1,
+              "pure_callback"),
+             (lambda m: m + jax.random.gamma(jax.random.key(0), 2.0, m.shape), "random_gamma")]
+    for fn, prim in cases:
+        with pytest.warns(gp.PartitionWarning, match=prim):
+            f = gp.spmd(fn, M24, in_shardings=P("x", "y"), out_shardings=P("x", "y"))
+            got = f(spd)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(fn)(spd)), rtol=1e-5, atol=1e-5)
+        assert "REPLICATED FALLBACK" in f.plan(spd).report() and prim in f.plan(spd).report()
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bfloat16", "float16"])
+def test_low_precision_training_step(dtype):
+    """The scanned transformer of test_programs.py in bfloat16 (its Adam step) and float16
+    (loss and gradient: float16 Adam with eps 1e-8 is NaN unpartitioned too), Megatron over
+    y, data over x, 3 rows over 2 shards: every result as the unpartitioned one's, to a few
+    roundings of the dtype."""
+    from test_programs import T, V, adam_step, init, loss_fn
+
+    params = jax.tree_util.tree_map(lambda a: a.astype(dtype), init(jax.random.PRNGKey(0)))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, V, (3, T)).astype(np.int32)
+    labels = rng.integers(0, V, (3, T)).astype(np.int32)
+    pspec = {"emb": P(None, None), "w1": P(None, None, "y"), "w2": P(None, "y", None), "wqkv": P(None, None, None, "y")}
+    if dtype == jnp.bfloat16:
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        fn, args, specs = adam_step, (params, zeros, zeros, tokens, labels), (pspec, pspec, pspec, P("x", None), P("x", None))
+    else:
+        fn, args, specs = jax.value_and_grad(loss_fn), (params, tokens, labels), (pspec, P("x", None), P("x", None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gp.PartitionWarning)
+        got = gp.spmd(fn, M24, in_shardings=specs)(*args)
+    want = jax.jit(fn)(*args)
+    eps = float(jnp.finfo(dtype).eps)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        np.testing.assert_allclose(g, w, rtol=4 * eps, atol=4 * eps * max(1.0, float(np.abs(w).max())))

@@ -106,6 +106,20 @@ def reduce_window(op) -> OpRule:
     return b.build(OTHER)
 
 
+@register("select_and_gather_add", handler="reduce_window")
+def select_and_gather_add(op) -> OpRule:
+    """The max pool's jvp: (tangents, operand) -> the tangent at each window's max, a
+    windowed op on both operands: "[i,j], [i,j] -> [i',j']" (window factors as reduce_window)."""
+    dims, strides, pads = op.params["window_dimensions"], op.params["window_strides"], op.params["padding"]
+    dil, wdil = op.params["base_dilation"], op.params["window_dilation"]
+    b = RuleBuilder()
+    fs = []
+    for d, s in enumerate(op.outputs[0].shape):
+        trivial = dims[d] == 1 and strides[d] == 1 and tuple(pads[d]) == (0, 0) and dil[d] == 1 and wdil[d] == 1
+        fs.append(b.factor(s, PASS if trivial else WINDOW))
+    return b.operand(fs).operand(fs).result(fs).build(OTHER)
+
+
 @register("select_and_scatter_add", handler="select_and_scatter_add")
 def select_and_scatter_add(op) -> OpRule:
     # operands: source (window outputs' cotangent), operand (the pooled input); result like operand

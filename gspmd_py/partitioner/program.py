@@ -24,8 +24,10 @@ from typing import Callable, Sequence
 import attrs
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from .. import dtypes
 from ..errors import PartitionWarning
 from ..ir import Graph, Op
 from ..ops.rule import NEED_REPLICATION, OpRule
@@ -33,7 +35,7 @@ from ..propagation.projection import Projection
 from . import registry
 from .context import Ctx
 from .fine_mesh import FineMesh
-from .partial import KEEP, TO_PARTIAL, accumulate, carry_modes, join
+from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join
 from .pvalue import FineDims, Partial, PValue
 from .reshard import reshard
 
@@ -104,6 +106,10 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
             acc = accumulate(r.dtype, carried.op)
             r = ctx.pv(join(ctx, r.x, carried, acc), r.shape, r.dims, carried, r.dtype)
         xs.append(r)
+    if carried is not None:
+        xs, done = _held_wide(ctx, op, plan, xs, modes, carried)
+        if done is not None:
+            return done
     ctx.seen_operands[op.id] = tuple(x.dims for x in xs)
     ctx.incoming = list(args)
     results = registry.HANDLERS[rule.handler](ctx, op, rule, plan, xs)
@@ -115,6 +121,24 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
         p = Partial(tuple(sorted(set(carried.axes) | set(own), key=ctx.fine.names.index)), carried.op)
         out.append(ctx.pv(r.x, r.shape, r.dims, p, r.dtype))
     return out
+
+
+def _held_wide(ctx: Ctx, op: Op, plan: OpPlan, xs: list[PValue], modes, carried: Partial):
+    """A partial kept through ``op`` may be held in a wider accumulation dtype than its own
+    (float16 sums in float32, partial.py): the op then runs in that dtype, its other float
+    operands cast up (a float16 partial divided by a float16 constant divides in float32),
+    and a convert keeps the wide form (converting the partial back to float16 would
+    overflow before the all-reduce). Returns (operands, None), or (_, results) of a convert."""
+    wide = next((x.x.dtype for x, m in zip(xs, modes) if m == KEEP and x.x.dtype != np.dtype(x.dtype)), None)
+    if wide is None:
+        return xs, None
+    if op.prim == "convert_element_type":
+        v = op.outputs[0]
+        x = xs[0].x.astype(accumulate(v.dtype, carried.op))
+        return xs, [ctx.pv(x, v.shape, plan.results[0], carried, v.dtype)]
+    return [ctx.pv(x.x.astype(wide), x.shape, x.dims, x.partial, x.dtype)
+            if m == REDUCE and dtypes.is_float(x.x.dtype) and x.x.dtype != wide else x
+            for x, m in zip(xs, modes)], None
 
 
 def _note_forced_gathers(ctx: Ctx, rule: OpRule, i: int, a: PValue, target: FineDims) -> None:

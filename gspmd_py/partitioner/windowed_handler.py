@@ -62,6 +62,10 @@ def partition_reduce_window(ctx: Ctx, op, rule, plan, args):
     per_dim = _per_dim(rule, plan)
     if op.prim == "reduce_window":
         fills = [a.x for a in args[n_arr:]]
+    elif op.prim == "select_and_gather_add":  # (tangents, operand): the max pool's jvp
+        n_arr = 2
+        kind = "max" if p["select_prim"] is lax.ge_p else "min"
+        fills = [np.zeros((), op.inputs[0].dtype), dtypes.identity(kind, op.inputs[1].dtype)]
     else:
         fills = [_init_value(op.prim, op.inputs[0].dtype)]
     xs = args[:n_arr]
