@@ -78,6 +78,15 @@ SAMPLES = {
     "dynamic_update_slice": [(lambda a, b: lax.dynamic_update_slice_in_dim(a, b, 2, 0), [(9, 4), (3, 4)])],
     "split": [(lambda a: jnp.split(a, [2], axis=0), [(7, 3)])],
     "random_bits": [(lambda a: a + jax.random.uniform(jax.random.key(1), a.shape), [(7, 5)])],
+    "stack": [(lambda a, b: jnp.stack([a, b], axis=1), [(7, 3), (7, 3)])],
+    "unstack": [(lambda a: lax.unstack(a, axis=1), [(5, 3)])],
+    "tile": [(lambda a: jnp.tile(a, (2, 3)), [(5, 4)])],
+    "no_operands": [(lambda a: jnp.diag(a), [(5, 5)])],  # platform_index picks jnp.diag's branch
+    "select_and_gather_add": [(lambda a, t: jax.jvp(lambda v: lax.reduce_window(
+        v, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), (a,), (t,))[1], [(2, 9, 8, 3), (2, 9, 8, 3)])],
+    "debug_callback": [(lambda a: (jax.debug.callback(lambda v: None, a), a * 2)[1], [(6, 5)])],
+    "pure_callback": [(lambda a: jax.pure_callback(lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                                   a), [(6, 5)])],
 }
 CASES = [(name, i) for name, fns in sorted(SAMPLES.items()) for i in range(len(fns))]
 
