@@ -122,6 +122,8 @@ def plan_fetch(ctx: Ctx, axes: Sequence[str], *, n: int, c: int, a: np.ndarray, 
     hi = np.maximum(hi, lo)
     if whole or k == 1:
         return FetchPlan(axes, k, c, S, a, lo, hi, True, None, ())
+    if not np.any(hi > lo):  # nothing to move (a zero-size source: c == 0)
+        return FetchPlan(axes, k, c, S, a, lo, hi, False, None, ())
     # every piece, grouped in rounds by shift (source shard - destination): device i gets its
     # piece from shard i+shift, a permutation since holder is one (left halo: shift -1,
     # right halo: +1); vectorised over devices (index_math.fetch_rounds)
