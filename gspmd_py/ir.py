@@ -11,6 +11,7 @@ bodies as nested Graphs.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator, Optional, Sequence
 
 import attrs
@@ -34,7 +35,7 @@ class Value:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # exact for any size (no int64 wrap)
 
     @property
     def nbytes(self) -> int:
