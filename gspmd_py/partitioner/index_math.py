@@ -281,16 +281,11 @@ def _window_halos_kernel(n_in, k, window, stride, dilation, pad_lo, ld, n_out, c
                 thi = (qmax_all - q0) // step
                 if thi > cnt - 1:
                     thi = cnt - 1
-                if tlo > thi:
+                if tlo > thi or (-q0) % g != 0:  # no step lands on a real (undilated) row
                     continue
-                if m == 1:  # every step stays on the same residue mod lhs_dilation
-                    if (-q0) % g != 0:
-                        continue
-                    tmin = tlo
-                    tmax = thi
-                else:
-                    if (-q0) % g != 0:
-                        continue
+                tmin = tlo
+                tmax = thi
+                if m > 1:  # every m-th step lands on a real row, from t0 on
                     t0 = (((-q0) // g) % m) * inv % m
                     tmin = tlo + (t0 - tlo) % m
                     if tmin > thi:
