@@ -176,6 +176,12 @@ class Spmd:
         # would replace this object's own attributes)
         functools.update_wrapper(self, fn, updated=())
 
+    def __get__(self, obj, objtype=None):
+        """As a method (``@gp.spmd`` on a ``def`` in a class), bind the instance as the first
+        positional argument, as jax.jit does: it is ``arg0`` (a pytree, or static by
+        ``static_argnums=0``) and ``in_shardings`` counts it."""
+        return self if obj is None else functools.partial(self, obj)
+
     def plan(self, *args, **kwargs) -> Plan:
         """The plan for these arguments (arrays or jax.ShapeDtypeStructs): compiles nothing, runs nothing."""
         return self._entry(self._sig.bind(args, kwargs, plan_only=True)).plan
