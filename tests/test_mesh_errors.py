@@ -173,6 +173,18 @@ def test_abstract_mesh_at_scale():
     assert gp.Mesh.abstract((2, 4), ("x", "y")) != gp.Mesh((2, 4), ("x", "y"))
 
 
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+def test_a_one_device_mesh_plans_and_runs(shape):
+    """Every axis of size 1: nothing is split, and the program still lowers (abstract) and runs."""
+    names = ("x", "y")[:len(shape)]
+    a, b = np.arange(24, dtype=np.float32).reshape(6, 4), np.ones((4, 3), np.float32)
+    spec = (gp.P(names[0], None), gp.P(None, names[-1]))
+    abstract = gp.spmd(lambda u, v: u @ v, gp.Mesh.abstract(shape, names), in_shardings=spec)
+    assert "dot_general" in abstract.plan(a, b).lower_text()
+    f = gp.spmd(lambda u, v: u @ v, gp.Mesh(shape, names), in_shardings=spec)
+    np.testing.assert_array_equal(np.asarray(f(a, b)), a @ b)
+
+
 def test_mesh_permuted_devices_kept():
     ids = [7, 6, 5, 4, 3, 2, 1, 0]
     m = gp.Mesh((2, 4), ("x", "y"), devices=ids)

@@ -84,7 +84,9 @@ class FineMesh:
         import jax
         from jax.sharding import AbstractMesh, AxisType
 
+        sizes, names = tuple(self.sizes), tuple(self.names)
+        if not names:  # every mesh axis has size 1 (one device): shard_map needs a non-empty mesh
+            sizes, names = (1,), (self.mesh.axis_names[0],)
         if self.mesh.is_abstract:
-            return AbstractMesh(self.sizes, self.names, axis_types=(AxisType.Auto,) * len(self.names))
-        devs = self.mesh.jax_devices().reshape(self.sizes)
-        return jax.sharding.Mesh(devs, self.names)
+            return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
+        return jax.sharding.Mesh(self.mesh.jax_devices().reshape(sizes), names)
