@@ -14,23 +14,15 @@ no rule.)
 from __future__ import annotations
 
 from .registry import register
-from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
-
-
-def _whole(op) -> OpRule:
-    b = RuleBuilder()
-    for v in op.inputs:
-        b.operand([b.factor(s, NEED_REPLICATION) for s in v.shape])
-    for v in op.outputs:
-        b.result([b.factor(s, NEED_REPLICATION) for s in v.shape])
-    return b.build(OTHER)
+from .replicated import whole
+from .rule import OpRule
 
 
 @register("debug_print", "debug_callback", handler="host_callback")
 def debug_callback(op) -> OpRule:
-    return _whole(op)
+    return whole(op)
 
 
 @register("pure_callback", handler="replicated")
 def pure_callback(op) -> OpRule:
-    return _whole(op)
+    return whole(op)

@@ -18,11 +18,16 @@ LINALG = ("custom_linear_solve", "linear_solve", "fft", "cholesky", "cholesky_up
           "schur", "hessenberg", "tridiagonal", "tridiagonal_solve", "symmetric_product")
 
 
-@register(*RANDOM, *LINALG, "reduce", "argsort", "optimization_barrier", handler="replicated")
-def replicated(op) -> OpRule:
+def whole(op) -> OpRule:
+    """Every operand and result dim one need_replication factor: the op sees whole values."""
     b = RuleBuilder()
     for v in op.inputs:
         b.operand([b.factor(s, NEED_REPLICATION) for s in v.shape])
     for v in op.outputs:
         b.result([b.factor(s, NEED_REPLICATION) for s in v.shape])
     return b.build(OTHER)
+
+
+@register(*RANDOM, *LINALG, "reduce", "argsort", "optimization_barrier", handler="replicated")
+def replicated(op) -> OpRule:
+    return whole(op)
