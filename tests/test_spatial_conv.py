@@ -75,6 +75,25 @@ def test_same_3x3_H_sharded_4_ways_two_permutes_of_one_row():
     assert plan.sharding_of("out0").spec == gp.P(None, "y", None, None)
 
 
+@pytest.mark.parametrize("axes", ["y", ("x", "y"), ("y", "x")])
+@pytest.mark.parametrize("op", ["conv", "maxpool", "minpool_bf16"])
+def test_plain_halo_is_one_concatenate_of_neighbour_rows(op, axes):
+    """H divides evenly: the segment is (left neighbour's last rows, own rows, right
+    neighbour's first rows), no masks; the edge devices see the op's padding value
+    (0 for a conv, -inf / +inf for max / min pooling)."""
+    x = rand((2, 32, 6, 3))
+    spec = gp.P(None, axes, None, None)
+    if op == "conv":
+        plan = check(conv_fn((1, 1), "SAME"), MESH, (x, rand((3, 3, 3, 4), seed=1)), (spec, None))
+    else:
+        big, init, fn = (jnp.float32, -jnp.inf, lax.max) if op == "maxpool" else (jnp.bfloat16, jnp.inf, lax.min)
+        pool = lambda v: lax.reduce_window(v.astype(big), jnp.asarray(init, big), fn, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+        plan = check(pool, MESH, (-jnp.abs(x) if op == "maxpool" else jnp.abs(x),), (spec,))
+    assert kinds(plan) == ["collective-permute"] * 2
+    text = plan.spmd_text()
+    assert "concatenate" in text and "dynamic_slice" not in text
+
+
 def test_same_3x3_H_and_W_sharded_four_permutes():
     x, w = rand((2, 16, 32, 3)), rand((3, 3, 3, 8), seed=1)
     plan = check(conv_fn((1, 1), "SAME"), MESH, (x, w), (gp.P(None, "x", "y", None), None))
