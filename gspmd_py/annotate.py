@@ -97,6 +97,11 @@ def mesh_split(x, mesh, dims_mapping: Sequence[int], *, priority: int = 0):
     """The GSPMD paper's API: ``dims_mapping[i]`` is the mesh axis index of tensor dim i, -1 for none."""
     _check_array(x, "gp.mesh_split")
     dims_mapping = list(dims_mapping)
+    rank = np.ndim(x)
+    if len(dims_mapping) < rank:  # the paper's API maps every dim (P allows a prefix; this does not)
+        raise SpecError(f"gp.mesh_split: dims_mapping {dims_mapping} has {len(dims_mapping)} entries but the tensor "
+                        f"{jax.numpy.result_type(x)}{list(np.shape(x))} has rank {rank}: give every dim a mesh axis "
+                        f"index or -1")
     entries: list[Any] = []
     for i, m in enumerate(dims_mapping):
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)):

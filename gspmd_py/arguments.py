@@ -43,16 +43,22 @@ class Signature:
         names = _strs(static_argnames, "static_argnames")
         donate = _ints(donate_argnums, "donate_argnums")
         params: tuple[str, ...] = ()
+        out_of_range: list[int] = []
         try:
             ps = list(inspect.signature(fn).parameters.values())
             params = tuple(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else "" for p in ps
                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
             by_name = {p.name: i for i, p in enumerate(ps) if p.kind == p.POSITIONAL_OR_KEYWORD}
             # as jax.jit: a static position is static by name too, and the other way round
+            if not any(p.kind == p.VAR_POSITIONAL for p in ps):  # as jax.jit: out of range is an error
+                out_of_range = sorted(i for i in nums if not -len(params) <= i < len(params))
             nums |= {by_name[n] for n in names if n in by_name}
             names |= {params[i] for i in nums if 0 <= i < len(params) and params[i] in by_name}
         except (TypeError, ValueError):  # builtins and some C callables have no signature
             pass
+        if out_of_range:
+            raise ArgumentError(f"{_name(fn)}: static_argnums {out_of_range} out of range: it takes "
+                                f"{len(params)} positional argument(s)")
         if nums & donate:
             raise ArgumentError(f"{_name(fn)}: arguments {sorted(nums & donate)} are both static and donated")
         return cls(_name(fn), params, frozenset(nums), frozenset(names), frozenset(donate))

@@ -80,6 +80,9 @@ def test_donated_arguments(mesh):
     assert "tf.aliasing_output" in f.plan(x, x).lower_text()
     with pytest.raises(gp.ArgumentError, match="both static and donated"):
         gp.spmd(lambda x: x, mesh, static_argnums=0, donate_argnums=0)
+    with pytest.raises(gp.ArgumentError, match=r"static_argnums \[3\] out of range"):  # as jax.jit
+        gp.spmd(lambda x: x, mesh, static_argnums=3)
+    gp.spmd(lambda *xs: xs[0], mesh, static_argnums=3)  # *args: any position may come
 
 
 class _FilterJitLike:

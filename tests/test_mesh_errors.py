@@ -222,6 +222,11 @@ def test_mesh_split_out_of_range(mesh, x):
         gp.mesh_split(x, mesh, [0, -2])
 
 
+def test_mesh_split_too_short(mesh, x):
+    with _raises(gp.SpecError, "rank 2", "[0]"):
+        gp.mesh_split(x, mesh, [0])
+
+
 def test_mesh_split_too_long(mesh, x):
     with _raises(gp.SpecError, "rank 2"):
         gp.mesh_split(x, mesh, [0, 1, -1])
