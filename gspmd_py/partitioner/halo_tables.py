@@ -50,24 +50,19 @@ def _device_groups_kernel(shape, axes):
         if not in_group[d]:
             rest[j] = d
             j += 1
-    base = np.empty(ngroups, np.int64)
-    for gi in range(ngroups):
-        rem = gi
-        pos = 0
-        for t in range(rest.shape[0] - 1, -1, -1):
-            d = rest[t]
-            pos += (rem % shape[d]) * strides[d]
-            rem //= shape[d]
-        base[gi] = pos
-    off = np.empty(gsize, np.int64)
-    for h in range(gsize):
-        rem = h
-        pos = 0
-        for t in range(axes.shape[0] - 1, -1, -1):
-            d = axes[t]
-            pos += (rem % shape[d]) * strides[d]
-            rem //= shape[d]
-        off[h] = pos
+    base = np.empty(ngroups, np.int64)  # a group's first device (row-major over the other dims)
+    off = np.empty(gsize, np.int64)  # a member's offset from it (row-major over ``axes``, as given)
+    for which in range(2):
+        dims = rest if which == 0 else axes
+        vals = base if which == 0 else off
+        for g in range(vals.shape[0]):
+            rem = g
+            pos = 0
+            for t in range(dims.shape[0] - 1, -1, -1):
+                d = dims[t]
+                pos += (rem % shape[d]) * strides[d]
+                rem //= shape[d]
+            vals[g] = pos
     out = np.empty((ngroups, gsize), np.int64)
     for gi in range(ngroups):
         for h in range(gsize):
