@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,16 @@ def run_launcher(*args: str, n: int = 2, devices: int = 4) -> subprocess.Complet
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S + 20)
 
 
+_GLOO = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+")
+
+
 def rank_lines(text: str, rank: int) -> list[str]:
+    """A rank's lines, without gloo's connection message: gloo writes it to the same stdout
+    from C++, so it may land on a line of its own or in the middle of one of ours (between a
+    print's text and its newline), which then leaves an empty line."""
     tag = f"[rank {rank}] "
-    # gloo's "[Gloo] Rank i is connected ..." lines may land anywhere in a rank's output
-    return [l[len(tag):] for l in text.splitlines() if l.startswith(tag) and not l[len(tag):].startswith("[Gloo]")]
+    lines = (_GLOO.sub("", l[len(tag):]) for l in text.splitlines() if l.startswith(tag))
+    return [l for l in lines if l.strip()]
 
 
 def test_megatron_mlp_on_two_processes_matches_one_process_for_both_mesh_layouts(tmp_path):
