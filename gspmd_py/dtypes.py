@@ -90,8 +90,9 @@ def identity(op: str, dt: Any) -> np.ndarray:
     if is_int(d):
         ii = jnp.iinfo(d)
         return np.asarray(ii.max if big else ii.min, d)
-    if is_complex(d):
-        raise ValueError(f"{op} of complex values")
+    if is_complex(d):  # lax.max/min order complex numbers lexicographically (real part first)
+        inf = np.inf if big else -np.inf
+        return np.asarray(complex(inf, inf), d)
     raise ValueError(f"no identity of {op} for {d}")
 
 

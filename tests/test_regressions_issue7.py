@@ -83,6 +83,16 @@ def test_low_precision_max_reductions(dtype, name):
     compare(fn, M8, (x,), (P(None, "x"),), tol=tol)
 
 
+@pytest.mark.parametrize("mesh,spec", [(M24, P("x", "y")), (M8, P(None, "x"))])
+def test_complex_max_min_over_sharded_dims(mesh, spec):
+    """lax.max orders complex numbers lexicographically; no all-reduce does, so the reduced
+    dim is gathered (uneven shards padded with the lexicographic extreme)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((7, 13)) + 1j * rng.standard_normal((7, 13))).astype(np.complex64)
+    x[2, 3] = x[2, 5].real + 9j  # a tie on the real part, broken by the imaginary part
+    compare(lambda a: (a.max(1), a.min(0), a.max()), mesh, (x,), (spec,), xla_ok=False)
+
+
 # -- partial values -----------------------------------------------------------------------------------
 
 def test_partial_times_inf():

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+from .. import dtypes
 from .registry import register
 from .rule import NEED_REPLICATION, OTHER, PASS, PREFIX, REDUCTION, OpRule, RuleBuilder
 
@@ -24,7 +25,10 @@ def _reduction(op, how: str) -> OpRule:
     axes = set(op.params["axes"])
     src = op.inputs[0].shape
     b = RuleBuilder()
-    fs = [b.factor(s, REDUCTION, how) if d in axes else b.factor(s) for d, s in enumerate(src)]
+    # a complex max/min has no all-reduce (XLA's orders no complex numbers): reduce it whole
+    whole = how in ("max", "min", "argmax", "argmin") and dtypes.is_complex(op.inputs[0].dtype)
+    fs = [(b.factor(s, NEED_REPLICATION) if whole else b.factor(s, REDUCTION, how)) if d in axes else b.factor(s)
+          for d, s in enumerate(src)]
     b.operand(fs)
     return b.result([f for d, f in enumerate(fs) if d not in axes]).build(OTHER)
 
