@@ -1,7 +1,7 @@
 """Test setup: 8 CPU devices (set before jax is imported) and hypothesis profiles.
 
-Profiles: "ci" (default, keeps CI fast), "fuzz" (thousands of examples). Select with
-``GSPMD_PY_FUZZ=1`` or ``--hypothesis-profile=fuzz``.
+Profiles: "ci" (default, keeps CI fast), "fuzz" (2,000 examples per property, or N with
+``GSPMD_PY_FUZZ=N`` for N > 1). Select with ``GSPMD_PY_FUZZ=1`` or ``--hypothesis-profile=fuzz``.
 """
 import os
 
@@ -19,11 +19,12 @@ settings.register_profile(
     "ci", max_examples=12, deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
+_FUZZ = os.environ.get("GSPMD_PY_FUZZ", "")
 settings.register_profile(
-    "fuzz", max_examples=2000, deadline=None,
+    "fuzz", max_examples=int(_FUZZ) if _FUZZ.isdigit() and int(_FUZZ) > 1 else 2000, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-settings.load_profile("fuzz" if os.environ.get("GSPMD_PY_FUZZ") else "ci")
+settings.load_profile("fuzz" if _FUZZ else "ci")
 
 
 @pytest.fixture(scope="module")
