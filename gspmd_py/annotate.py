@@ -63,16 +63,19 @@ annotate_p.def_abstract_eval(lambda x, **_: x)
 mlir.register_lowering(annotate_p, lambda ctx, x, **_: [x])
 
 
-def _annotate_batch(args, dims, *, spec, priority, unspecified, **kw):
+def _annotate_batch(axis_data, args, dims, *, spec, priority, unspecified, **kw):
+    """The batch dim is open, or sharded over ``jax.vmap(..., spmd_axis_name=...)``'s axes (as
+    jax.lax.with_sharding_constraint under such a vmap)."""
     (x,), (d,) = args, dims
     if d is None:
         return annotate_p.bind(x, spec=spec, priority=priority, unspecified=unspecified, **kw), d
     spec = list(spec) + [()] * (x.ndim - 1 - len(spec))
-    spec.insert(d, OPEN)
-    return annotate_p.bind(x, spec=tuple(spec), priority=priority, unspecified=unspecified, **kw), d
+    name = axis_data.spmd_name
+    spec.insert(d, OPEN if name is None else tuple(name) if isinstance(name, (tuple, list)) else (name,))
+    return annotate_p.bind(x, spec=tuple(spec), priority=priority, unspecified=unspecified and name is None, **kw), d
 
 
-batching.primitive_batchers[annotate_p] = _annotate_batch
+batching.fancy_primitive_batchers[annotate_p] = _annotate_batch
 ad.deflinear2(annotate_p, lambda ct, x, **kw: [annotate_p.bind(ad.instantiate_zeros(ct), **kw)])
 
 

@@ -90,6 +90,23 @@ def test_vmap_and_scan(setup):
                 jax.grad(lambda *a: scanned(mlp)(*a)[0], argnums=(1, 2))(xs, w1, w2), **TOL)
 
 
+def test_vmap_spmd_axis_name_shards_the_batch_dim():
+    """jax.vmap(..., spmd_axis_name="x") shards the new batch dim over x, as it does for
+    jax.jit's sharding constraints; without it the batch dim is left to propagation."""
+    mesh = mesh_of(1)
+    f = gp.spmd(lambda a, w: gp.tag(jnp.tanh(a @ w), "h"), mesh, in_shardings=(P(None, None), P(None, "y")))
+    xs, w = rand((4, 6, 5), seed=1), rand((5, 8), seed=2)
+    want = jnp.tanh(xs @ w)
+    for g in (jax.vmap(f, in_axes=(0, None), spmd_axis_name="x"),
+              jax.jit(jax.vmap(f, in_axes=(0, None), spmd_axis_name="x"))):
+        out = g(xs, w)
+        assert_same(out, want, **TOL)
+        assert out.sharding.spec == JP("x", None, "y")
+    grad = jax.grad(lambda w: jax.vmap(f, in_axes=(0, None), spmd_axis_name="x")(xs, w).sum())(w)
+    assert_same(grad, jax.grad(lambda w: jnp.tanh(xs @ w).sum())(w), **TOL)
+    assert jax.vmap(f, in_axes=(0, None))(xs, w).sharding.spec[0] is None
+
+
 def test_second_order_and_checkpoint(setup):
     mesh, f, args = setup
     x, w1, w2 = args
