@@ -172,7 +172,9 @@ class Propagation:
             st = self.state[v.id]
             for d, fs in enumerate(dims):
                 new = projected[t][d]
-                if not new or not fs or st[d].closed or rule.factors[fs[0]].kind == NEED_REPLICATION:
+                if not new or new == st[d].axes or not fs or st[d].closed:  # (most visits: nothing new)
+                    continue
+                if rule.factors[fs[0]].kind == NEED_REPLICATION:
                     continue
                 n_old = len(ax.atoms(mesh, st[d].axes))
                 if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):

@@ -251,5 +251,6 @@ def tensor_dims(mesh: Mesh, rule: OpRule, fa: FactorAxes, dims_list) -> tuple[tu
 
 def record(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> Projection:
     """The projection the partitioner executes for one op (decide mode)."""
-    fa, _ = project_op(mesh, rule, tensors, decide=True)
-    return Projection(fa, tensor_dims(mesh, rule, fa, rule.operands), tensor_dims(mesh, rule, fa, rule.results))
+    final, _, dims = project_cached(mesh, rule, tensors, decide=True)  # memoised: a repeated layer is a lookup
+    n = len(rule.operands)
+    return Projection(dict(final), dims[:n], dims[n:])
