@@ -100,10 +100,7 @@ def plots(outdir: str, calls=None, size_rows=None, device_rows=None) -> list[str
                    label=label)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("gspmd_py / jax.jit (lower is better)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(_save(fig, outdir, "calls.png"))
+        written.append(_save(fig, ax, "gspmd_py / jax.jit (lower is better)", outdir, "calls.png"))
     if size_rows:
         fig, ax = plt.subplots(figsize=(5, 3.6))
         ax.plot([r.eqns for r in size_rows], [r.plan_s for r in size_rows], "o-", label="gspmd_py plan")
@@ -113,10 +110,7 @@ def plots(outdir: str, calls=None, size_rows=None, device_rows=None) -> list[str
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("jaxpr eqns (1 to 96 unrolled blocks)")
-        ax.set_ylabel("seconds")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(_save(fig, outdir, "plan_vs_size.png"))
+        written.append(_save(fig, ax, "seconds", outdir, "plan_vs_size.png"))
     if device_rows:
         fig, ax = plt.subplots(figsize=(5, 3.6))
         for prog in dict.fromkeys(r.program for r in device_rows):
@@ -124,15 +118,16 @@ def plots(outdir: str, calls=None, size_rows=None, device_rows=None) -> list[str
             ax.plot([r.mesh[0] * r.mesh[1] for r in rs], [r.plan_s for r in rs], "o-", label=prog)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("devices (abstract mesh)")
-        ax.set_ylabel("plan seconds")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(_save(fig, outdir, "plan_vs_devices.png"))
+        written.append(_save(fig, ax, "plan seconds", outdir, "plan_vs_devices.png"))
     return written
 
 
-def _save(fig, outdir: str, name: str) -> str:
+def _save(fig, ax, ylabel: str, outdir: str, name: str) -> str:
+    """Label the y axis, add the legend, lay out, write ``outdir/name`` and close the figure."""
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     path = os.path.join(outdir, name)
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
