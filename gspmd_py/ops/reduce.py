@@ -26,7 +26,7 @@ def _reduction(op, how: str) -> OpRule:
     src = op.inputs[0].shape
     b = RuleBuilder()
     # a complex max/min has no all-reduce (XLA's orders no complex numbers): reduce it whole
-    whole = how in ("max", "min", "argmax", "argmin") and dtypes.is_complex(op.inputs[0].dtype)
+    whole = how in ("max", "min") and dtypes.is_complex(op.inputs[0].dtype)
     fs = [(b.factor(s, NEED_REPLICATION) if whole else b.factor(s, REDUCTION, how)) if d in axes else b.factor(s)
           for d, s in enumerate(src)]
     b.operand(fs)

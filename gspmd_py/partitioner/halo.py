@@ -158,18 +158,22 @@ def neighbour_halos(plan: FetchPlan) -> Optional[tuple[int, int]]:
     if plan.whole or plan.k < 2 or plan.c < 1:
         return None
     k, c, S = plan.k, plan.c, plan.S
-    i = np.arange(k, dtype=np.int64)
-    L = -int(plan.a[0])
-    R = S - L - c
-    if not (0 <= L <= c and 0 <= R <= c) or not np.array_equal(plan.a, i * c - L):
-        return None
     a = np.asarray(plan.a, np.int64)
+    L = -int(a[0])
+    R = S - L - c
+    if not (0 <= L <= c and 0 <= R <= c) or not np.array_equal(a, np.arange(k, dtype=np.int64) * c - L):
+        return None
     if not (np.array_equal(plan.need_lo, np.maximum(a, 0)) and np.array_equal(plan.need_hi, np.minimum(a + S, k * c))):
         return None
-    want = ({tuple((j - 1, j) for j in range(1, k))} if L else set()) | ({tuple((j + 1, j) for j in range(k - 1))} if R else set())
-    if {tuple(sorted(r.pairs, key=lambda p: p[1])) for r in plan.rounds} != want or len(plan.rounds) != len(want):
+    want = {_from_neighbour(k, s) for s, rows in ((-1, L), (1, R)) if rows}
+    if len(plan.rounds) != len(want) or {tuple(sorted(r.pairs, key=lambda p: p[1])) for r in plan.rounds} != want:
         return None
     return L, R
+
+
+def _from_neighbour(k: int, shift: int) -> tuple[tuple[int, int], ...]:
+    """(src, dst) pairs: device j receives from device j + shift (where it exists)."""
+    return tuple((j + shift, j) for j in range(k) if 0 <= j + shift < k)
 
 
 def _is_zero(fill) -> bool:
@@ -186,11 +190,11 @@ def _neighbour_gather(ctx: Ctx, plan: FetchPlan, x, d: int, fill, L: int, R: int
     parts = []
     edge = None if _is_zero(fill) else ctx.index(plan.axes)
     if L:
-        left = ctx.permute(lax.slice_in_dim(x, c - L, c, axis=d), plan.axes, tuple((j - 1, j) for j in range(1, k)))
+        left = ctx.permute(lax.slice_in_dim(x, c - L, c, axis=d), plan.axes, _from_neighbour(k, -1))
         parts.append(left if edge is None else jnp.where(edge == 0, jnp.asarray(fill, x.dtype), left))
     parts.append(x)
     if R:
-        right = ctx.permute(lax.slice_in_dim(x, 0, R, axis=d), plan.axes, tuple((j + 1, j) for j in range(k - 1)))
+        right = ctx.permute(lax.slice_in_dim(x, 0, R, axis=d), plan.axes, _from_neighbour(k, 1))
         parts.append(right if edge is None else jnp.where(edge == k - 1, jnp.asarray(fill, x.dtype), right))
     return lax.concatenate(parts, d) if len(parts) > 1 else x
 
