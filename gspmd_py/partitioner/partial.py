@@ -83,6 +83,23 @@ def carry_modes(op, args: Sequence[PValue]) -> tuple[list[str], Optional[Partial
     return reduce_all
 
 
+def settle_kept(ctx, xs: list[PValue], modes: list[str]) -> tuple[list[str], Optional[Partial]]:
+    """After the operands' reshards: the partial an op's results carry, read from the kept
+    operands as the reshards returned them (a reshard onto a partial axis reduced it).
+
+    Kept operands that no longer agree (one reduced by its reshard, another not) are all
+    reduced, so each partial value is reduced exactly once; ``xs`` is updated in place.
+    Returns the modes (KEEP/TO_PARTIAL become REDUCE when nothing stays partial) and the
+    partial the results carry, or None."""
+    kept = [i for i, m in enumerate(modes) if m == KEEP]
+    partials = {xs[i].partial for i in kept}
+    if len(partials) == 1 and None not in partials:
+        return list(modes), partials.pop()
+    for i in kept:
+        xs[i] = reduce(ctx, xs[i])
+    return [REDUCE] * len(modes), None
+
+
 def _safe_factor(v, divisor: bool) -> bool:
     """A plan-time constant c with c * (a1 + a2) == c*a1 + c*a2 for every a1, a2 (c finite;
     nonzero too as a divisor: (5 + 0) / 0 = inf but 5/0 + 0/0 = nan)."""

@@ -35,7 +35,7 @@ from ..propagation.projection import Projection
 from . import registry
 from .context import Ctx
 from .fine_mesh import FineMesh
-from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join
+from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept
 from .pvalue import FineDims, Partial, PValue
 from .reshard import reshard
 
@@ -101,11 +101,15 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
     for i, (a, mode) in enumerate(zip(args, modes)):
         target = operand_target(rule, i, a, plan.operands[i])
         _note_forced_gathers(ctx, rule, i, a, target)
-        r = reshard(ctx, a, target, keep_partial=(mode == KEEP))
+        xs.append(reshard(ctx, a, target, keep_partial=(mode == KEEP)))
+    # the partial the results carry is what the reshards returned, never the operands'
+    # partial before them: a reshard onto a partial axis IS that axis's reduction
+    modes, carried = settle_kept(ctx, xs, modes)
+    for i, mode in enumerate(modes):
         if mode == TO_PARTIAL:
+            r = xs[i]
             acc = accumulate(r.dtype, carried.op)
-            r = ctx.pv(join(ctx, r.x, carried, acc), r.shape, r.dims, carried, r.dtype)
-        xs.append(r)
+            xs[i] = ctx.pv(join(ctx, r.x, carried, acc), r.shape, r.dims, carried, r.dtype)
     if carried is not None:
         xs, done = _held_wide(ctx, op, plan, xs, modes, carried)
         if done is not None:
