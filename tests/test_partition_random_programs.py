@@ -1,5 +1,7 @@
 """Random small programs (3-8 ops over random, often uneven, sometimes empty shapes) with
-random input shardings and gp.annotate at random points, on the four 8-device meshes, in
+random input shardings and gp.annotate at random points (single, or chains of two
+layouts, after a sum kept partial too), loops (lax.scan) with sharded carries and
+constants, on the four 8-device meshes, in
 every dtype users bring (float32, bfloat16, float16, int32, int8, bool) and with the
 values that break partitioners (0, -0.0, +-inf, NaN, the smallest normal, values near the
 dtype's max): the partitioned result equals the unpartitioned one.
@@ -99,7 +101,8 @@ def reducers(dtype, empty_axis: bool):
 
 # drawn uniformly: binary and annotate twice as often as the others
 OP_KINDS = ("unary", "binary", "binary", "transpose", "reshape", "broadcast", "reduce", "dot", "concat", "slice",
-            "cumsum", "cummax", "softmax", "sort", "argmax", "take", "annotate", "annotate")
+            "cumsum", "cummax", "softmax", "sort", "argmax", "take", "annotate", "annotate", "annotate_chain",
+            "partial_chain", "scan")
 NOT_FOR = {"bool": {"cumsum", "cummax", "softmax"}, "int": {"softmax"}, "float": set()}
 N_OPS = (3, 8)
 N_INPUTS = (1, 2)
@@ -186,6 +189,17 @@ def _apply(op, env, dtype):
         return jnp.take(env[a], np.asarray(idx, np.int32), axis=axis)
     if kind == "annotate":
         return gp.annotate(env[op[1]], op[2])
+    if kind == "scan":  # a loop: carry a, constant b, `length` steps of carry = a op b (annotated)
+        _, name, a, b, length, spec, ys = op
+        f = binary_ops(dtype)[name]
+
+        def body(c, _):
+            c = f(c, env[b])
+            c = c if spec is None else gp.annotate(c, spec)
+            return c, c
+
+        carry, stacked = lax.scan(body, env[a], None, length=length)
+        return stacked if ys else carry
     raise ValueError(kind)
 
 
@@ -193,7 +207,7 @@ def _operands(op) -> tuple[int, ...]:
     kind = op[0]
     if kind in ("unary", "reduce"):
         return (op[2],)
-    if kind in ("binary", "bcast_binary"):
+    if kind in ("binary", "bcast_binary", "scan"):
         return (op[2], op[3])
     if kind in ("dot", "concat"):
         return (op[1], op[2])
@@ -210,7 +224,7 @@ def _exactness(op, operands: list[int], dtype: str) -> int:
         return e
     if kind == "argmax":
         return EXACT
-    if kind in ("unary", "binary", "bcast_binary"):
+    if kind in ("unary", "binary", "bcast_binary", "scan"):
         return e if op[1] in EXACT_FLOAT_OPS else INEXACT
     if kind == "cummax" or (kind == "reduce" and op[1] in ("max", "min")):
         return min(e, EXACT_UP_TO_ZERO_SIGN)
@@ -366,6 +380,26 @@ def programs(draw):
                 op, new_shape = ("take", idx, axis, ids), tuple(len(ids) if d == axis else n for d, n in enumerate(shape))
         elif kind == "annotate":
             op, new_shape = ("annotate", idx, draw(spec_for(mesh, rank, sub_axes=True))), shape
+        elif kind == "annotate_chain":  # two layouts in a row (replicate then shard, shard then move)
+            idx = add(("annotate", idx, draw(spec_for(mesh, rank, sub_axes=True))), shape)
+            op, new_shape = ("annotate", idx, draw(spec_for(mesh, rank, sub_axes=True))), shape
+        elif kind == "partial_chain" and rank >= 2 and fam != "bool":
+            # a sum over a (likely sharded) dim, kept partial through an annotation chain
+            if fam == "float" and huge[idx]:
+                idx = add(("unary", "tame", idx), shape)
+            d = draw(st.integers(0, rank - 1))
+            new_shape = tuple(n for i, n in enumerate(shape) if i != d)
+            idx = add(("reduce", "sum", idx, (d,), False), new_shape)
+            idx = add(("annotate", idx, draw(spec_for(mesh, rank - 1, sub_axes=True))), new_shape)
+            op = ("annotate", idx, draw(spec_for(mesh, rank - 1, sub_axes=True)))
+        elif kind == "scan":  # a loop with a sharded carry and a sharded constant
+            same = [i for i, s in enumerate(shapes) if s == shape]
+            name = draw(st.sampled_from(sorted(binary_ops(dtype))))
+            length = draw(st.integers(1, 3))
+            spec = draw(st.one_of(st.none(), spec_for(mesh, rank, sub_axes=True)))
+            ys = draw(st.booleans()) and rank < 4
+            op = ("scan", name, idx, draw(st.sampled_from(same)), length, spec, ys)
+            new_shape = (length,) + shape if ys else shape
         if op is None or not new_shape or math.prod(new_shape) > MAX_ELEMS:
             continue
         add(op, new_shape)
@@ -418,6 +452,9 @@ def _run(prog: Program):
     modes = {inp[2] if len(inp) > 2 else "plain" for inp in prog.inputs}
     STATS[(prog.dtype, "special values")] += bool(modes - {"plain"})
     STATS[(prog.dtype, "empty values")] += any(0 in s for s in [inp[0] for inp in prog.inputs])
+    STATS[(prog.dtype, "loops")] += any(op[0] == "scan" for op in prog.ops)
+    STATS[(prog.dtype, "annotation chains")] += any(a[0] == b[0] == "annotate" and b[1] == len(prog.inputs) + i
+                                                   for i, (a, b) in enumerate(zip(prog.ops, prog.ops[1:])))
     try:
         problems = check_program(prog)
     except Exception as e:  # noqa: BLE001 - a crash is a mismatch too
