@@ -44,6 +44,7 @@ class Signature:
         donate = _ints(donate_argnums, "donate_argnums")
         params: tuple[str, ...] = ()
         out_of_range: list[int] = []
+        bad_donate: list[int] = []
         try:
             ps = list(inspect.signature(fn).parameters.values())
             params = tuple(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else "" for p in ps
@@ -52,12 +53,16 @@ class Signature:
             # as jax.jit: a static position is static by name too, and the other way round
             if not any(p.kind == p.VAR_POSITIONAL for p in ps):  # as jax.jit: out of range is an error
                 out_of_range = sorted(i for i in nums if not -len(params) <= i < len(params))
+                bad_donate = sorted(i for i in donate if not -len(params) <= i < len(params))
             nums |= {by_name[n] for n in names if n in by_name}
             names |= {params[i] for i in nums if 0 <= i < len(params) and params[i] in by_name}
         except (TypeError, ValueError):  # builtins and some C callables have no signature
             pass
         if out_of_range:
             raise ArgumentError(f"{_name(fn)}: static_argnums {out_of_range} out of range: it takes "
+                                f"{len(params)} positional argument(s)")
+        if bad_donate:
+            raise ArgumentError(f"{_name(fn)}: donate_argnums {bad_donate} out of range: it takes "
                                 f"{len(params)} positional argument(s)")
         if nums & donate:
             raise ArgumentError(f"{_name(fn)}: arguments {sorted(nums & donate)} are both static and donated")
@@ -155,7 +160,8 @@ class Call:
             path = path[1:] if self.kw_form else path
             i, rest = pos_dyn[path[0].idx], jax.tree_util.keystr(path[1:])
             said = self.sig.params[i] if i >= self.n_given else self.sig.name(i)
-            out.append((self.sig.name(i) + rest, said + rest, i in self.sig.donate_argnums))
+            donated = i in self.sig.donate_argnums or i - self.n_args in self.sig.donate_argnums  # -1: the last
+            out.append((self.sig.name(i) + rest, said + rest, donated))
         self._paths_cache = out
         return out
 

@@ -226,6 +226,9 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         order = [d.id for d in sorted(devs, key=lambda d: (d.process_index, d.id))]
         return np.asarray(order[:size], dtype=np.int64).reshape(shape)
     arr = np.asarray(devices, dtype=object)
+    if arr.ndim > 1 and arr.shape != shape:  # a 2-d layout of other sizes would be re-laid out silently
+        raise MeshError(f"devices has shape {arr.shape} but the mesh shape is {shape}: pass the device ids "
+                        f"flat or shaped {shape}")
     flat = []
     for d in arr.reshape(-1):
         if hasattr(d, "id") and not isinstance(d, (int, np.integer)):
@@ -233,7 +236,8 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         elif isinstance(d, (int, np.integer)) and not isinstance(d, bool):
             flat.append(int(d))
         else:
-            raise MeshError(f"device {d!r} is neither a device id (int) nor a jax Device")
+            kind = f" ({type(d).__name__}: device ids are ints)" if isinstance(d, (float, np.floating)) else ""
+            raise MeshError(f"device {d!r}{kind} is neither a device id (int) nor a jax Device")
     if len(flat) != size:
         raise MeshError(f"mesh shape {shape} needs {size} device ids, got {len(flat)}")
     seen: set[int] = set()

@@ -1,0 +1,96 @@
+"""Issue 16, point 3: the third round of bad inputs. What used to crash the process, hang it,
+be accepted silently or fail with JAX's raw error is now a clear error naming the culprit
+(a gp.ShardingError subclass), or, for host callbacks, behaves as under jax.jit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import gspmd_py as gp
+
+P = gp.P
+
+
+@pytest.fixture(scope="module")
+def m24():
+    return gp.Mesh((2, 4), ("x", "y"))
+
+
+def _raises(exc, *needles):
+    """pytest.raises(exc) whose message must contain every needle."""
+    assert issubclass(exc, gp.ShardingError)
+    return pytest.raises(exc, match=".*".join(map(_escape, needles)))
+
+
+def _escape(s: str) -> str:
+    import re
+
+    return re.escape(s)
+
+
+# -- silently accepted: now errors naming the culprit ---------------------------------------------
+def test_devices_array_of_another_shape_is_refused():
+    ids = np.arange(8)
+    with _raises(gp.MeshError, "devices has shape (4, 2)", "mesh shape is (2, 4)"):
+        gp.Mesh((2, 4), ("x", "y"), devices=ids.reshape(4, 2))
+    # flat or mesh-shaped ids stay accepted, and mean the same mesh
+    assert gp.Mesh((2, 4), ("x", "y"), devices=ids) is gp.Mesh((2, 4), ("x", "y"), devices=ids.reshape(2, 4))
+
+
+def test_float_device_id_is_refused():
+    with _raises(gp.MeshError, "device 1.5", "float"):
+        gp.Mesh((2, 4), ("x", "y"), devices=[0, 1.5, 2, 3, 4, 5, 6, 7])
+    with _raises(gp.MeshError, "float"):
+        gp.Mesh((2, 4), ("x", "y"), devices=np.arange(8.0))
+
+
+def test_float_device_id_in_tile_assignment_is_refused(m24):
+    tiles = np.arange(8).reshape(2, 4)
+    assert gp.Sharding.from_tile_assignment(m24, tiles) == gp.Sharding(m24, P("x", "y"))
+    with _raises(gp.TileAssignmentError, "device id", "0.5", "index (0, 0)", "ints"):
+        gp.Sharding.from_tile_assignment(m24, tiles + 0.5)  # was truncated to the iota
+    with _raises(gp.TileAssignmentError, "index (0, 0)", "ints"):
+        gp.Sharding.from_tile_assignment(m24, tiles.astype(np.float32))
+    with _raises(gp.TileAssignmentError, "1.0", "index (1, 2)"):
+        gp.Sharding.from_tile_assignment(m24, np.array([[0, 1, 2, 3], [4, 5, 1.0, 7]], dtype=object))
+
+
+def test_donate_argnums_out_of_range_is_refused(m24):
+    with pytest.raises(ValueError, match="donate_argnums"):  # jax.jit's behaviour, matched
+        jax.jit(lambda a: a, donate_argnums=(3,))
+    with _raises(gp.ArgumentError, "donate_argnums [3] out of range", "1 positional"):
+        gp.spmd(lambda a: a, m24, donate_argnums=(3,))
+    with _raises(gp.ArgumentError, "donate_argnums [-3]"):
+        gp.spmd(lambda a, b: a, m24, donate_argnums=(-3,))
+    gp.spmd(lambda *xs: xs[0], m24, donate_argnums=(3,))  # *args: any position may come (as jax.jit)
+
+
+def test_negative_donate_argnums_donates(m24):
+    """donate_argnums=(-1,) names the last argument, as under jax.jit (it was ignored)."""
+    f = gp.spmd(lambda a, b: a + b, m24, in_shardings=(P("x", "y"), P("x", "y")), donate_argnums=(-1,))
+    a = np.ones((8, 8), np.float32)
+    b = f(a, a)  # laid out as the plan wants: the next call may consume it
+    f(a, b)
+    assert b.is_deleted()
+
+
+def test_mesh_split_with_another_mesh_is_refused(m24):
+    x = np.ones((8, 8), np.float32)
+    other_sizes = gp.Mesh((4, 2), ("x", "y"))
+    with _raises(gp.SpecError, "gp.mesh_split at", "test_regressions_issue16.py", "{'x': 4, 'y': 2}",
+                 "{'x': 2, 'y': 4}"):
+        gp.spmd(lambda a: gp.mesh_split(a, other_sizes, [0, -1]) * 2, m24).plan(x)
+    reversed_ids = gp.Mesh((2, 4), ("x", "y"), devices=np.arange(8)[::-1])
+    with _raises(gp.SpecError, "gp.mesh_split", "orders the devices [7, 6, 5"):
+        gp.spmd(lambda a: gp.mesh_split(a, reversed_ids, [0, -1]) * 2, m24).plan(x)
+    with _raises(gp.SpecError, "gp.mesh_split", "gp.Mesh"):
+        gp.spmd(lambda a: gp.mesh_split(a, ("x", "y"), [0, -1]), m24).plan(x)
+    # the function's own mesh, or an abstract mesh of its axes, is what mesh_split means
+    plan = gp.spmd(lambda a: gp.tag(gp.mesh_split(a, m24, [1, 0]) * 2, "h"), m24).plan(x)
+    assert plan.sharding_of("h") == gp.Sharding(m24, P("y", "x"))
+    ab = gp.Mesh.abstract((2, 4), ("x", "y"))
+    plan = gp.spmd(lambda a: gp.tag(gp.mesh_split(a, ab, [1, 0]) * 2, "h"), m24).plan(x)
+    assert plan.sharding_of("h").spec == P("y", "x")
