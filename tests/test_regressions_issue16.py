@@ -94,3 +94,21 @@ def test_mesh_split_with_another_mesh_is_refused(m24):
     ab = gp.Mesh.abstract((2, 4), ("x", "y"))
     plan = gp.spmd(lambda a: gp.tag(gp.mesh_split(a, ab, [1, 0]) * 2, "h"), m24).plan(x)
     assert plan.sharding_of("h").spec == P("y", "x")
+
+
+# -- a donated array passed again: an error, not a SIGSEGV ------------------------------------------
+def test_donated_array_passed_again_is_an_error(m24):
+    f = gp.spmd(lambda p: p["w"] * 2, m24, in_shardings=({"w": P("x", "y")},), donate_argnums=(0,))
+    w = f({"w": np.ones((8, 8), np.float32)})  # laid out as the plan wants: the next call consumes it
+    f({"w": w})
+    assert w.is_deleted()
+    for _ in range(2):  # and again: the error leaves the function as it was
+        with pytest.raises(gp.DeletedArrayError, match=r"argument arg0\['w'\] float32\[8, 8\] has been deleted.*"
+                                                       r"donate_argnums") as info:
+            f({"w": w})
+        assert isinstance(info.value, RuntimeError) and isinstance(info.value, gp.ArgumentError)  # as jax.jit
+    g = gp.spmd(lambda a: a + 1, m24, in_shardings=(P("x", "y"),))  # not donating: deleted elsewhere
+    x = g(np.ones((8, 8), np.float32))
+    x.delete()
+    with pytest.raises(gp.DeletedArrayError, match=r"arg0 float32\[8, 8\] has been deleted.*deleted"):
+        g(x)
