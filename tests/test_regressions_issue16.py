@@ -112,3 +112,63 @@ def test_donated_array_passed_again_is_an_error(m24):
     x.delete()
     with pytest.raises(gp.DeletedArrayError, match=r"arg0 float32\[8, 8\] has been deleted.*deleted"):
         g(x)
+
+
+# -- host callbacks: once per call, and a failure is a Python exception -----------------------------
+def _counting_callback(calls: list, fail: list):
+    def host(v):
+        calls.append(np.shape(v))
+        if fail:
+            raise ValueError(f"callback failed on {np.shape(v)}")
+        return np.asarray(v) * 2, np.asarray(v).sum(1).astype(np.int32), np.asarray(v)[:, 0] > 10
+
+    def fn(a):
+        out = (jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(a.shape[:1], jnp.int32),
+               jax.ShapeDtypeStruct(a.shape[:1], jnp.bool_))
+        y, s, b = jax.pure_callback(host, out, jnp.sin(a) * 0 + a)
+        return y + 1, s * 2, b
+    return fn
+
+
+def test_pure_callback_runs_once_per_call_with_whole_values(m24):
+    calls, fail = [], []
+    fn = _counting_callback(calls, fail)
+    x = np.arange(64, dtype=np.float32).reshape(8, 8) - 20
+    want = jax.jit(fn)(x)
+    calls.clear()
+    with pytest.warns(gp.PartitionWarning, match="pure_callback"):
+        f = gp.spmd(fn, m24, in_shardings=(P("x", "y"),), out_shardings=(P("x", "y"), P("y"), P("x")))
+        got = f(x)
+    assert calls == [(8, 8)]  # once, with the whole value (it ran on all 8 devices before)
+    got = f(x)
+    assert calls == [(8, 8)] * 2
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert [c.kind for c in f.plan(x).collectives].count("all-reduce") >= 1  # the broadcast of the results
+
+
+def test_failing_pure_callback_is_its_own_exception(m24):
+    import time
+
+    calls, fail = [], [True]
+    f = gp.spmd(_counting_callback(calls, fail), m24, in_shardings=(P("x", "y"),))
+    x = np.ones((8, 8), np.float32)
+    with pytest.warns(gp.PartitionWarning):
+        f.plan(x)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"callback failed on \(8, 8\)") as info:
+        f(x)
+    assert time.perf_counter() - t0 < 30  # no device left waiting in a collective (XLA aborts after 40 s)
+    assert calls == [(8, 8)]
+    assert any("jax.pure_callback at" in n and "test_regressions_issue16.py" in n
+               for n in getattr(info.value, "__notes__", []))
+    fail.clear()  # the failure is not kept: the next call runs as usual
+    y, _, _ = f(x)
+    np.testing.assert_array_equal(np.asarray(y), np.full((8, 8), 3, np.float32))
+    fail.append(True)  # staged into jax.jit: JAX's runtime error, naming the callback and its error
+    with pytest.raises(RuntimeError, match=r"jax.pure_callback at .* raised ValueError: callback failed"):
+        jax.block_until_ready(jax.jit(f)(x))
+    fail.clear()
+    for g in (f, jax.jit(f)):  # and neither that failure nor its JAX runtime tokens are kept
+        np.testing.assert_array_equal(np.asarray(g(x)[0]), np.full((8, 8), 3, np.float32))
