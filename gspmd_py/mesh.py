@@ -217,6 +217,10 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
     available = sorted(d.id for d in devs)
     if devices is None:
         if size > len(available):
+            hint = _launcher_hint()
+            if hint:
+                raise MeshError(f"mesh shape {shape} needs {size} devices but only {len(available)} are available: "
+                                f"{hint}")
             raise MeshError(
                 f"mesh shape {shape} needs {size} devices but only {len(available)} are available "
                 f"(use Mesh.abstract for planning at scale, or set "
@@ -246,5 +250,13 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         raise MeshError(f"device ids {dups} appear more than once in the mesh")
     missing = sorted(set(flat) - set(available))
     if missing:
-        raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})")
+        hint = _launcher_hint()
+        raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})"
+                        + (f": {hint}" if hint else ""))
     return np.asarray(flat, dtype=np.int64).reshape(shape)
+
+
+def _launcher_hint():
+    from .distributed import launcher_hint
+
+    return launcher_hint()

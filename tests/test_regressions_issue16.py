@@ -172,3 +172,64 @@ def test_failing_pure_callback_is_its_own_exception(m24):
     fail.clear()
     for g in (f, jax.jit(f)):  # and neither that failure nor its JAX runtime tokens are kept
         np.testing.assert_array_equal(np.asarray(g(x)[0]), np.full((8, 8), 3, np.float32))
+
+
+# -- unclear errors: now gp.ShardingErrors naming the culprit ----------------------------------------
+@pytest.mark.parametrize("spec, needles", [
+    (jax.sharding.PartitionSpec("z"), ("names mesh axis 'z'", "('x', 'y')")),
+    (jax.sharding.PartitionSpec("x", "y", None), ("3 entries for a tensor of rank 2",)),
+    (jax.sharding.PartitionSpec("x", "x"), ("mesh axis 'x' on two dims",)),
+], ids=["unknown-axis", "longer-than-rank", "axis-twice"])
+def test_bare_partition_spec_errors_name_the_constraint_and_line(m24, spec, needles):
+    x = np.ones((8, 8), np.float32)
+
+    def wsc(a):
+        return jax.lax.with_sharding_constraint(a, spec) * 2
+
+    def reshard(a):
+        return jax.sharding.reshard(a, spec) * 2
+
+    with _raises(gp.SpecError, "jax.lax.with_sharding_constraint at", "test_regressions_issue16.py", "wsc)",
+                 *needles):
+        gp.spmd(wsc, m24).plan(x)
+    explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with jax.set_mesh(explicit):
+        with _raises(gp.SpecError, "jax.sharding.reshard at", "test_regressions_issue16.py", "reshard)", *needles):
+            gp.spmd(reshard, m24).plan(x)
+
+
+def test_reshard_over_auto_axes_says_what_it_needs(m24):
+    with _raises(gp.SpecError, "jax.sharding.reshard at", "test_regressions_issue16.py", "Explicit",
+                 "with_sharding_constraint or gp.annotate"):
+        gp.spmd(lambda a: jax.sharding.reshard(a, jax.sharding.PartitionSpec("x", None)), m24).plan(
+            np.ones((8, 8), np.float32))
+
+
+@pytest.mark.parametrize("bad", [np.array([1, "a"], dtype=object), np.array(["a", "b"]), np.array([b"a", b"b"]),
+                                 np.zeros(2, dtype=[("a", np.int32)]), np.str_("a")],
+                         ids=["object", "str", "bytes", "structured", "str-scalar"])
+def test_object_and_string_arrays_are_argument_errors(m24, bad):
+    f = gp.spmd(lambda p: p["w"] * 2, m24)
+    with _raises(gp.ArgumentError, "argument arg0['b'] is a numpy array of dtype", "numeric dtype"):
+        f({"w": np.ones(4, np.float32), "b": bad})
+    with _raises(gp.ArgumentError, "argument opts['b'] is a numpy array"):
+        gp.spmd(lambda x, opts: x, m24).plan(np.ones(4, np.float32), opts={"b": bad})
+    # low-precision dtypes (numpy kind "V", as structured arrays) stay arrays
+    y = f({"w": np.ones(4, jnp.bfloat16), "b": np.ones(2, np.float32)})
+    assert y.dtype == jnp.bfloat16
+
+
+def test_launched_script_without_initialize_is_told_to_call_it(m24, monkeypatch):
+    from gspmd_py import distributed
+
+    monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "2")
+    monkeypatch.setenv(distributed.ENV_PROCESS_ID, "1")
+    with _raises(gp.MeshError, "16 devices", "process 1 of 2", "gspmd_py.launch",
+                 "call gp.distributed.initialize()") as info:
+        gp.Mesh((4, 4), ("x", "y"))
+    assert "XLA_FLAGS" not in str(info.value)
+    with _raises(gp.MeshError, "do not exist", "gp.distributed.initialize()"):
+        gp.Mesh((2,), ("x",), devices=[0, 12])
+    monkeypatch.delenv(distributed.ENV_NUM_PROCESSES)
+    with _raises(gp.MeshError, "XLA_FLAGS"):  # not launched: the device-count hint stays
+        gp.Mesh((4, 4), ("x", "y"))
