@@ -233,3 +233,67 @@ def test_launched_script_without_initialize_is_told_to_call_it(m24, monkeypatch)
     monkeypatch.delenv(distributed.ENV_NUM_PROCESSES)
     with _raises(gp.MeshError, "XLA_FLAGS"):  # not launched: the device-count hint stays
         gp.Mesh((4, 4), ("x", "y"))
+
+
+# -- end to end, in a fresh process: a Python exception within seconds, no signal, no 40 s wait ----
+_PRELUDE = """
+import numpy as np, jax, jax.numpy as jnp
+import gspmd_py as gp
+mesh = gp.Mesh((2, 4), ("x", "y"))
+"""
+_DONATED_AGAIN = _PRELUDE + """
+f = gp.spmd(lambda a: a * 2, mesh, in_shardings=(gp.P("x", "y"),), donate_argnums=(0,))
+y = f(np.ones((8, 8), np.float32))
+f(y)
+f(y)  # y was donated: used to crash the process (SIGSEGV)
+"""
+_FAILING_CALLBACK = _PRELUDE + """
+def host(v):
+    raise KeyError("no such row")
+
+def fn(a):
+    y = jax.pure_callback(host, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+    return (y * 2).sum(0)   # a collective follows the callback: the devices used to wait there
+
+print(gp.spmd(fn, mesh, in_shardings=(gp.P("x", "y"),))(np.ones((8, 8), np.float32)))
+"""
+_LAUNCHED_WITHOUT_INITIALIZE = _PRELUDE  # gp.Mesh((2, 4)) on one of 2 processes with 4 devices each
+
+
+def _run_script(tmp_path, text: str, *launcher: str):
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GSPMD_PY_")}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, *launcher, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    return done, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("text, error", [
+    (_DONATED_AGAIN, "gspmd_py.errors.DeletedArrayError: <lambda>: argument arg0 float32[8, 8] has been deleted"),
+    (_FAILING_CALLBACK, "KeyError: 'no such row'"),
+], ids=["donated-again", "failing-callback"])
+def test_crashes_and_hangs_end_as_python_exceptions(tmp_path, text, error):
+    done, elapsed = _run_script(tmp_path, text)
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])  # < 0: killed by a signal
+    assert "Traceback (most recent call last)" in done.stderr and error in done.stderr, done.stderr[-3000:]
+    assert elapsed < 30, elapsed  # XLA's abort of a device left in a collective comes after 40 s
+    assert "Exception ignored" not in done.stderr, done.stderr[-3000:]
+
+
+def test_launched_script_without_initialize_fails_saying_so(tmp_path):
+    done, elapsed = _run_script(tmp_path, _LAUNCHED_WITHOUT_INITIALIZE, "-m", "gspmd_py.launch", "-n", "2",
+                                "--devices-per-process", "4", "--timeout", "50")
+    assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    assert "MeshError" in done.stderr and "call gp.distributed.initialize()" in done.stderr, done.stderr[-3000:]
+    assert "XLA_FLAGS" not in done.stderr.split("MeshError")[-1]
