@@ -6,8 +6,8 @@
     out = f(x, w)               # global jax.Arrays, laid out as planned
     print(f.plan(x, w).report())
 """
-from .errors import (AnnotationError, ArgumentError, MeshError, PartitionWarning, ShardingError, SpecError,
-                     TileAssignmentError, UnsupportedOpError)
+from .errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshError, PartitionWarning, ShardingError,
+                     SpecError, TileAssignmentError, UnsupportedOpError)
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
 from .annotate import annotate, mesh_split, tag
@@ -20,7 +20,7 @@ from .distributed import to_host
 from .plancheck import ProgramMismatchError
 
 __all__ = [
-    "AnnotationError", "ArgumentError", "AxisRef", "Collective", "Cost", "Hardware", "Link", "Plan",
+    "AnnotationError", "ArgumentError", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
     "ProgramMismatchError", "Rules",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
     "ShardingError",

@@ -21,6 +21,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .errors import AnnotationError, SpecError
+from .mesh import Mesh
 from .sharding import _entries, spec_of
 
 try:  # source locations in messages should point at the user's code, not at gspmd_py's
@@ -89,6 +90,10 @@ def annotate(x, spec, *, priority: int = 0, unspecified: bool = False):
         raise AnnotationError(f"gp.annotate: priority must be a non-negative int, got {priority!r}")
     # a NamedSharding's names refer to its own mesh (order checked against the function's at plan time)
     extra = {"jax_mesh": spec.mesh} if isinstance(spec, jax.sharding.NamedSharding) else {}
+    return _bind(x, spec, priority, unspecified, extra)
+
+
+def _bind(x, spec, priority: int, unspecified: bool, extra: dict):
     spec = _norm_spec(spec)
     x = jax.numpy.asarray(x)
     if len(spec) > x.ndim:
@@ -97,8 +102,13 @@ def annotate(x, spec, *, priority: int = 0, unspecified: bool = False):
 
 
 def mesh_split(x, mesh, dims_mapping: Sequence[int], *, priority: int = 0):
-    """The GSPMD paper's API: ``dims_mapping[i]`` is the mesh axis index of tensor dim i, -1 for none."""
+    """The GSPMD paper's API: ``dims_mapping[i]`` is the mesh axis index of tensor dim i, -1 for none.
+
+    ``mesh`` must be the gp.spmd function's mesh (same axis sizes and device order; checked when
+    the function is planned): the indices mean its axes."""
     _check_array(x, "gp.mesh_split")
+    if not isinstance(mesh, Mesh):
+        raise SpecError(f"gp.mesh_split: mesh must be a gp.Mesh (the gp.spmd function's), got {type(mesh).__name__}")
     dims_mapping = list(dims_mapping)
     rank = np.ndim(x)
     if len(dims_mapping) < rank:  # the paper's API maps every dim (P allows a prefix; this does not)
@@ -117,7 +127,9 @@ def mesh_split(x, mesh, dims_mapping: Sequence[int], *, priority: int = 0):
     used = [e for e in entries if e is not None]
     if len(used) != len(set(used)):
         raise SpecError(f"gp.mesh_split: dims_mapping {dims_mapping} maps two tensor dims to one mesh axis")
-    return annotate(x, tuple(entries), priority=priority)
+    if not isinstance(priority, (int, np.integer)) or isinstance(priority, bool) or priority < 0:
+        raise AnnotationError(f"gp.mesh_split: priority must be a non-negative int, got {priority!r}")
+    return _bind(x, tuple(entries), priority, False, {"gp_mesh": mesh, "origin": "gp.mesh_split"})
 
 
 # -- tag ------------------------------------------------------------------------------

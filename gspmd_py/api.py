@@ -38,7 +38,7 @@ from .plan import Plan
 from .plancheck import check_same_program
 from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
 from .propagation import Propagation, Seed
-from .constraints import outside_user_mesh, tracing_mesh
+from .constraints import constraint_errors, outside_user_mesh, tracing_mesh
 from .specs import annotation_dims, spec_dims
 from .trace import trace_jaxpr
 
@@ -250,7 +250,7 @@ class Spmd:
                     annotate_p.bind(o, spec=_spec_entries(d), priority=0, unspecified=False)
                     for o, d in zip(flat, out_dims)]
 
-        with tracing_mesh(mesh):
+        with tracing_mesh(mesh), constraint_errors(mesh):
             closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
         out_tree, out_dims = box[-1]
         n_c, in_tree = len(closure), call.in_tree

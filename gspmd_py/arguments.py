@@ -44,6 +44,7 @@ class Signature:
         donate = _ints(donate_argnums, "donate_argnums")
         params: tuple[str, ...] = ()
         out_of_range: list[int] = []
+        bad_donate: list[int] = []
         try:
             ps = list(inspect.signature(fn).parameters.values())
             params = tuple(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else "" for p in ps
@@ -52,12 +53,16 @@ class Signature:
             # as jax.jit: a static position is static by name too, and the other way round
             if not any(p.kind == p.VAR_POSITIONAL for p in ps):  # as jax.jit: out of range is an error
                 out_of_range = sorted(i for i in nums if not -len(params) <= i < len(params))
+                bad_donate = sorted(i for i in donate if not -len(params) <= i < len(params))
             nums |= {by_name[n] for n in names if n in by_name}
             names |= {params[i] for i in nums if 0 <= i < len(params) and params[i] in by_name}
         except (TypeError, ValueError):  # builtins and some C callables have no signature
             pass
         if out_of_range:
             raise ArgumentError(f"{_name(fn)}: static_argnums {out_of_range} out of range: it takes "
+                                f"{len(params)} positional argument(s)")
+        if bad_donate:
+            raise ArgumentError(f"{_name(fn)}: donate_argnums {bad_donate} out of range: it takes "
                                 f"{len(params)} positional argument(s)")
         if nums & donate:
             raise ArgumentError(f"{_name(fn)}: arguments {sorted(nums & donate)} are both static and donated")
@@ -155,7 +160,8 @@ class Call:
             path = path[1:] if self.kw_form else path
             i, rest = pos_dyn[path[0].idx], jax.tree_util.keystr(path[1:])
             said = self.sig.params[i] if i >= self.n_given else self.sig.name(i)
-            out.append((self.sig.name(i) + rest, said + rest, i in self.sig.donate_argnums))
+            donated = i in self.sig.donate_argnums or i - self.n_args in self.sig.donate_argnums  # -1: the last
+            out.append((self.sig.name(i) + rest, said + rest, donated))
         self._paths_cache = out
         return out
 
@@ -175,7 +181,7 @@ class Call:
 
 def _aval(x, i: int, call: Call, plan_only: bool):
     if isinstance(x, np.ndarray):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.ShapeDtypeStruct(x.shape, _array_dtype(x, i, call))
     if isinstance(x, jax.Array):  # tracers too: keep weak types, as jax.jit does
         a = x.aval
         return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
@@ -188,7 +194,7 @@ def _aval(x, i: int, call: Call, plan_only: bool):
                 f"use f.plan(...) to plan (and lower) from shapes alone")
         return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False))
     if isinstance(x, np.generic):
-        return jax.ShapeDtypeStruct((), x.dtype)
+        return jax.ShapeDtypeStruct((), _array_dtype(x, i, call))
     if isinstance(x, _SCALARS):
         dtype = jax.dtypes.canonicalize_dtype(type(x) if not isinstance(x, bool) else np.bool_)
         if isinstance(x, int) and not isinstance(x, bool):
@@ -200,12 +206,24 @@ def _aval(x, i: int, call: Call, plan_only: bool):
                     f"want, or mark it static (static_argnums/static_argnames)")
         return jax.ShapeDtypeStruct((), dtype, weak_type=True)
     if hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "__array__"):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+        return jax.ShapeDtypeStruct(tuple(x.shape), _array_dtype(x, i, call))
     hint = " (a function inside a model? split it off first, e.g. eqx.partition(model, eqx.is_array))" \
         if callable(x) else ""
     raise ArgumentError(
         f"{fn_name}: argument {label} is {type(x).__name__} {short_repr(x, 40)}, not an array: mark it static "
         f"(static_argnums/static_argnames) or close over it{hint}")
+
+
+def _array_dtype(x, i: int, call: Call):
+    """A numpy leaf's dtype, when JAX can hold it: object, string, bytes and structured arrays are
+    an ArgumentError naming the leaf (JAX's own error names neither it nor the function)."""
+    dt = np.dtype(x.dtype) if isinstance(x.dtype, np.dtype) else x.dtype
+    if isinstance(dt, np.dtype) and (dt.kind in "OUS" or dt.names is not None):  # (bfloat16 is kind V too)
+        raise ArgumentError(
+            f"{call.sig.fn_name}: argument {_Label(call, i)} is a numpy array of dtype {dt} (shape "
+            f"{tuple(np.shape(x))}), which JAX arrays cannot hold: convert it to a numeric dtype, or mark it "
+            f"static (static_argnums/static_argnames) or close over it")
+    return x.dtype
 
 
 class _Label:

@@ -17,6 +17,9 @@ and Flax's logical constraints, refer to it without ``jax.set_mesh``.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import traceback
 from typing import Iterator
 
 import jax
@@ -24,7 +27,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from .annotate import OPEN, annotate_p
-from .errors import SpecError
+from .errors import ShardingError, SpecError
 from .mesh import Mesh
 
 ORIGIN = "jax.lax.with_sharding_constraint"
@@ -62,6 +65,62 @@ def outside_user_mesh() -> Iterator[None]:
         yield
     finally:
         ctx.__exit__(None, None, None)
+
+
+_JAX_SAYS = (  # JAX's own checks of a bare PartitionSpec, while the user's function is traced
+    (re.compile(r"Resource axis: (\S+) of (P\([^)]*\)) is not found in mesh: (\(.*?\))"),
+     lambda m, mesh: f"spec {m[2]} names mesh axis {m[1]!r}, which the gp.spmd mesh {mesh} does not have "
+                     f"(its axes: {m[3]})"),
+    (re.compile(r"spec=(P\([^)]*\))\) is only valid for values of rank at least (\d+), but was applied to a "
+                r"value of rank (\d+)"),
+     lambda m, mesh: f"spec {m[1]} has {m[2]} entries for a tensor of rank {m[3]}"),
+    (re.compile(r"PartitionSpec passed to reshard cannot contain axis names that are of type Auto.*?Got "
+                r"PartitionSpec: (P\([^)]*\)) with axis name"),
+     lambda m, mesh: f"a bare PartitionSpec {m[1]} needs mesh axes of type Explicit (jax.set_mesh of a mesh "
+                     f"made with axis_types=Explicit); under gp.spmd's own mesh {mesh} use "
+                     f"jax.lax.with_sharding_constraint or gp.annotate"),
+    (re.compile(r"but (P\([^)]*\)) has duplicate entries for `(\S+)`"),
+     lambda m, mesh: f"spec {m[1]} uses mesh axis {m[2]!r} on two dims; an axis may shard one dim only"),
+)
+
+
+@contextlib.contextmanager
+def constraint_errors(mesh: Mesh) -> Iterator[None]:
+    """While the user's function is traced: JAX's own errors for a bare PartitionSpec in
+    with_sharding_constraint / reshard (an unknown axis, more entries than the rank, ...) become
+    SpecErrors naming the constraint, the problem and the user's source line."""
+    try:
+        yield
+    except Exception as e:  # (JAX's DuplicateSpecError is no ValueError)
+        if isinstance(e, ShardingError):
+            raise
+        text = str(e)
+        for pattern, say in _JAX_SAYS:
+            m = pattern.search(text)
+            if m is not None:
+                raise SpecError(f"{_origin_of(text, e)} at {_user_frame(e)}: {say(m, mesh)}") from e
+        raise
+
+
+def _origin_of(text: str, e: BaseException) -> str:
+    frame = _user_frame(e, line=True)
+    if "reshard" in text or "reshard(" in frame:
+        return "jax.sharding.reshard"
+    if "with_sharding_constraint" in text or "with_sharding_constraint" in frame:
+        return ORIGIN
+    return f"a sharding constraint ({ORIGIN} or jax.sharding.reshard)"
+
+
+def _user_frame(e: BaseException, line: bool = False) -> str:
+    """The innermost frame of ``e``'s traceback outside JAX, gspmd_py and the standard library,
+    as ``file:line (function)``, or its source text (``line``)."""
+    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (jax, contextlib))
+    skip += (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "gspmd_py" + os.sep,)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(skip)]
+    if not frames:
+        return "" if line else "an unknown line"
+    f = frames[-1]
+    return (f.line or "") if line else f"{f.filename}:{f.lineno} ({f.name})"
 
 
 def as_annotation(op) -> None:

@@ -90,6 +90,23 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     return True
 
 
+def launcher_hint() -> Optional[str]:
+    """What to do when this process was started by ``python -m gspmd_py.launch`` with other
+    processes but JAX's distributed runtime is not up (so it sees only its own devices); None
+    otherwise. Mesh errors about too few devices say this instead of suggesting XLA_FLAGS."""
+    n = os.environ.get(ENV_NUM_PROCESSES, "")
+    if not n.isdigit() or int(n) <= 1:
+        return None
+    import jax
+
+    if jax.distributed.is_initialized():
+        return None
+    rank = os.environ.get(ENV_PROCESS_ID, "?")
+    return (f"this is process {rank} of {n} started by python -m gspmd_py.launch, but gp.distributed.initialize() "
+            f"was not called, so it sees only its own {len(jax.local_devices())} devices: call "
+            f"gp.distributed.initialize() at the start of the script, before any other JAX work")
+
+
 def _die_with(parent: int) -> None:
     """Linux: get SIGKILL when the launcher goes (e.g. killed by a CI timeout), so that no
     process is left waiting in a collective; elsewhere nothing."""

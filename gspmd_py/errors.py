@@ -28,6 +28,11 @@ class ArgumentError(AnnotationError):
     transformation it cannot be part of. (An AnnotationError too: non-array leaves were those.)"""
 
 
+class DeletedArrayError(ArgumentError, RuntimeError):
+    """An argument whose buffers are gone (donated to an earlier call, or ``.delete()``d). A
+    RuntimeError too, as jax.jit's "Array has been deleted"."""
+
+
 class UnsupportedOpError(ShardingError):
     """A primitive with no sharding rule."""
 

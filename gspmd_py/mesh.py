@@ -217,6 +217,10 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
     available = sorted(d.id for d in devs)
     if devices is None:
         if size > len(available):
+            hint = _launcher_hint()
+            if hint:
+                raise MeshError(f"mesh shape {shape} needs {size} devices but only {len(available)} are available: "
+                                f"{hint}")
             raise MeshError(
                 f"mesh shape {shape} needs {size} devices but only {len(available)} are available "
                 f"(use Mesh.abstract for planning at scale, or set "
@@ -226,6 +230,9 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         order = [d.id for d in sorted(devs, key=lambda d: (d.process_index, d.id))]
         return np.asarray(order[:size], dtype=np.int64).reshape(shape)
     arr = np.asarray(devices, dtype=object)
+    if arr.ndim > 1 and arr.shape != shape:  # a 2-d layout of other sizes would be re-laid out silently
+        raise MeshError(f"devices has shape {arr.shape} but the mesh shape is {shape}: pass the device ids "
+                        f"flat or shaped {shape}")
     flat = []
     for d in arr.reshape(-1):
         if hasattr(d, "id") and not isinstance(d, (int, np.integer)):
@@ -233,7 +240,8 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         elif isinstance(d, (int, np.integer)) and not isinstance(d, bool):
             flat.append(int(d))
         else:
-            raise MeshError(f"device {d!r} is neither a device id (int) nor a jax Device")
+            kind = f" ({type(d).__name__}: device ids are ints)" if isinstance(d, (float, np.floating)) else ""
+            raise MeshError(f"device {d!r}{kind} is neither a device id (int) nor a jax Device")
     if len(flat) != size:
         raise MeshError(f"mesh shape {shape} needs {size} device ids, got {len(flat)}")
     seen: set[int] = set()
@@ -242,5 +250,13 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         raise MeshError(f"device ids {dups} appear more than once in the mesh")
     missing = sorted(set(flat) - set(available))
     if missing:
-        raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})")
+        hint = _launcher_hint()
+        raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})"
+                        + (f": {hint}" if hint else ""))
     return np.asarray(flat, dtype=np.int64).reshape(shape)
+
+
+def _launcher_hint():
+    from .distributed import launcher_hint
+
+    return launcher_hint()

@@ -19,6 +19,7 @@ from .layout import boundary_sharding
 from .mesh import Mesh
 from .partitioner.context import Collective, Ctx
 from .partitioner.fine_mesh import FineMesh
+from .partitioner.host_calls import raise_failures
 from .partitioner.program import boundary_out_dims, build_body, fine_plan, op_label, warn_fallbacks
 from .partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
 from .partitioner.records import collect
@@ -173,7 +174,11 @@ class Plan:
         return place(self, leaves)
 
     def run(self, leaves):
-        outs = boundary_of(self).call(self._compiled or self.compiled(), leaves)
+        if self.ctx.host_calls:  # waited for, so that a failed callback is raised here, as itself
+            with raise_failures(self.ctx.host_calls, self.fn_name):
+                outs = jax.block_until_ready(boundary_of(self).call(self._compiled or self.compiled(), leaves))
+        else:
+            outs = boundary_of(self).call(self._compiled or self.compiled(), leaves)
         return jax.tree_util.tree_unflatten(self._out_tree, outs)
 
 

@@ -322,11 +322,25 @@ def _runs(v: np.ndarray, t: int, what: str) -> list[tuple[int, int]]:
     return runs
 
 
+def _int_ids(tiles: np.ndarray) -> np.ndarray:
+    """The device ids of a tile assignment, flat, as int64; a non-integer id (a float, even 1.0,
+    which astype would truncate) is a TileAssignmentError naming it and where it is."""
+    if tiles.dtype.kind in "iu":
+        return tiles.reshape(-1).astype(np.int64)
+    for pos in np.ndindex(tiles.shape):
+        d = tiles[pos]
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            shown = d.item() if isinstance(d, np.generic) else d
+            raise TileAssignmentError(f"tile assignment holds device id {shown!r} ({type(d).__name__}) at index "
+                                      f"{pos}: device ids must be ints")
+    return tiles.reshape(-1).astype(np.int64)
+
+
 def _from_tiles(mesh: Mesh, tiles: np.ndarray, replicate_last: bool) -> Sharding:
     ids = mesh.device_ids.reshape(-1)
     if tiles.size != mesh.size:
         raise TileAssignmentError(f"tile assignment has {tiles.size} devices but the mesh has {mesh.size}")
-    flat = tiles.reshape(-1).astype(np.int64)
+    flat = _int_ids(tiles)
     if sorted(flat.tolist()) != sorted(ids.tolist()):
         bad = sorted(set(flat.tolist()) ^ set(ids.tolist()))
         raise TileAssignmentError(f"tile assignment devices differ from the mesh's devices (mismatch: {bad[:8]})")

@@ -248,10 +248,26 @@ def annotation_dims(mesh: Mesh, op, rank: int) -> tuple[tuple, str]:
     v = op.outputs[0]
     what = f"{op.params.get('origin', 'gp.annotate')} at {op.source or 'op %d' % op.id} on {v.type_str}"
     spec = op.params["spec"]
+    if op.params.get("gp_mesh") is not None:
+        _check_split_mesh(mesh, op.params["gp_mesh"], what)
     jm = op.params.get("jax_mesh")
     if jm is not None:
         spec = tuple(named_spec(mesh, jm, spec, what, open_entry=OPEN))
     return _annotation_dims(mesh, spec, rank, what), what
+
+
+def _check_split_mesh(mesh: Mesh, given: Mesh, what: str) -> None:
+    """gp.mesh_split's mesh is the function's own: its axis indices mean the function's axes, so
+    other axis sizes or another device order would mean another tiling. (An abstract mesh stands for
+    any device order.)"""
+    if given == mesh:
+        return
+    if (given.axis_names, given.shape) != (mesh.axis_names, mesh.shape):
+        raise SpecError(f"{what}: its mesh has axes {dict(zip(given.axis_names, given.shape))} but the gp.spmd "
+                        f"function's mesh has {dict(zip(mesh.axis_names, mesh.shape))}: pass the function's mesh")
+    if not (given.is_abstract or mesh.is_abstract):
+        raise SpecError(f"{what}: its mesh orders the devices {given.device_ids.reshape(-1).tolist()} but the gp.spmd "
+                        f"function's mesh {mesh.device_ids.reshape(-1).tolist()}: pass the function's mesh")
 
 
 def _annotation_dims(mesh: Mesh, spec: tuple, rank: int, what: str):

@@ -3,12 +3,13 @@
     debug_print    x [m,n] ->            "[i,j] ->"       i, j: need_replication; printed once,
                                                           by the first device, with the whole value
     debug_callback x [m,n] ->            (the same)
-    pure_callback  x [m,n] -> y [p]      "[i,j] -> [k]"   every factor need_replication: the
-                                                          callback sees whole arrays on every device
-                                                          (a replicated fallback, reported)
+    pure_callback  x [m,n] -> y [p]      "[i,j] -> [k]"   every factor need_replication: called
+                                                          once, by the first device, with whole
+                                                          arrays; results broadcast (a replicated
+                                                          fallback, reported)
 
-jax.jit of a sharded program calls a debug callback once with the whole value; so does
-gspmd_py. (``io_callback`` has ordered side effects whose results every device would need:
+jax.jit of a sharded program calls a host callback once with the whole value; so does
+gspmd_py (``partitioner/host_calls.py``: a failing pure_callback is a Python exception). (``io_callback`` has ordered side effects whose results every device would need:
 no rule.)
 """
 from __future__ import annotations
@@ -23,6 +24,6 @@ def debug_callback(op) -> OpRule:
     return whole(op)
 
 
-@register("pure_callback", handler="replicated")
+@register("pure_callback", handler="pure_callback")
 def pure_callback(op) -> OpRule:
     return whole(op)

@@ -68,6 +68,7 @@ class Ctx:
         self.plans: dict = {}  # op id -> OpPlan (the op's projection in fine axes)
         self.seen_operands: dict[int, tuple[FineDims, ...]] = {}  # op id -> operand shardings the handler got
         self.incoming: list[PValue] = []  # the current op's operands before they were resharded
+        self.host_calls: list = []  # host_calls.HostCall of each jax.pure_callback: failures, re-raised by Plan.run
 
     # -- values ------------------------------------------------------------------
     def pv(self, x, shape, dims: FineDims, partial: Optional[Partial] = None, dtype=None) -> PValue:
