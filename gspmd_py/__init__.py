@@ -13,6 +13,7 @@ from .sharding import P, Sharding
 from .annotate import annotate, mesh_split, tag
 from .api import Plan, Spmd, spmd
 from .rules import Rules, rules
+from .pipeline import Schedule, pipeline
 from .partitioner.context import Collective
 from .cost import Cost, Hardware, Link
 from . import distributed
@@ -21,7 +22,7 @@ from .plancheck import ProgramMismatchError
 
 __all__ = [
     "AnnotationError", "ArgumentError", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
-    "ProgramMismatchError", "Rules",
+    "ProgramMismatchError", "Rules", "Schedule", "pipeline",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
     "ShardingError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 
 from .partitioner.context import Collective
+from .pipeline import schedules
 
 
 @attrs.frozen
@@ -68,6 +69,8 @@ def rows(plan) -> list[Row]:
 def notes(plan) -> list[str]:
     """Fallbacks and notes, as report() prints them after the table."""
     ctx, lines = plan.ctx, []
+    for axis, sched in schedules(plan.graph):
+        lines.append(f"{sched} over mesh axis {axis!r}")
     for fb in ctx.fallbacks:
         lines.append(f"REPLICATED FALLBACK at {fb.op}: {fb.reason}")
     for note in ctx.notes:

@@ -46,7 +46,7 @@ expand_dims reshape
 REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor "
                        "argmax argmin".split())
 # the output is the operand's buffer: no bytes, no new buffer
-ALIAS = frozenset("reshape squeeze expand_dims gspmd_annotate gspmd_tag optimization_barrier "
+ALIAS = frozenset("reshape squeeze expand_dims gspmd_annotate gspmd_tag gspmd_pipeline optimization_barrier "
                   "stop_gradient".split())
 CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
 COLLECTIVES = frozenset("psum pmax pmin all_gather reduce_scatter psum_scatter all_to_all ppermute".split())

@@ -24,7 +24,7 @@ NARY = (
     "eq_to", "lt_to", "le_to",  # total-order comparisons (jnp.searchsorted, histogram, interp, sort keys)
     "igamma_grad_a", "regularized_incomplete_beta",
 )
-IDENTITY = ("gspmd_annotate", "gspmd_tag")
+IDENTITY = ("gspmd_annotate", "gspmd_tag", "gspmd_pipeline")
 
 @register(*UNARY, *NARY, *IDENTITY, handler="elementwise")
 def elementwise(op) -> OpRule:

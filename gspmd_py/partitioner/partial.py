@@ -44,7 +44,7 @@ KEEP, REDUCE, TO_PARTIAL = "keep", "reduce", "to_partial"
 _SUM_LINEAR_ALL = frozenset({"neg", "add", "sub", "real", "imag", "conj"})
 # unary data movement / identities: linear in operand 0 (other operands are shapes/scalars)
 _MOVES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
-                    "gspmd_tag", "gspmd_annotate", "reduce_sum", "optimization_barrier_elementwise"})
+                    "gspmd_tag", "gspmd_annotate", "gspmd_pipeline", "reduce_sum", "optimization_barrier_elementwise"})
 
 
 def result_dtype_ok(op, partial: Partial) -> bool:
