@@ -223,6 +223,91 @@ def _uneven_shapes(quick):
     return [((n, d), 1.0), ((d, f), d ** -0.5), ((f,), 1.0)]
 
 
+# ---------------------------------------------------------------------------------------------
+# scanned transformer stack (flax nn.scan / hk.layer_stack style): weights stacked [L, ...],
+# Megatron over y inside, batch over x; the training step's gradient
+# ---------------------------------------------------------------------------------------------
+
+SCAN_LAYERS = 4
+
+
+def _scan_grad(constrain: Constrain):
+    import jax
+    from jax import lax
+
+    from gspmd_py.demo import transformer_block
+
+    def loss(x, *stack):
+        def layer(h, w):
+            return transformer_block(h, *w), None
+
+        h, _ = lax.scan(layer, x, stack)
+        return h.sum()
+
+    g = jax.grad(loss, argnums=tuple(range(1, 9)))
+
+    def scan_block_grad(*a):
+        return g(*a)
+
+    return scan_block_grad
+
+
+def _scan_shapes(quick):
+    shapes = _block_shapes(quick)
+    return [shapes[0]] + [((SCAN_LAYERS,) + s, sc) for s, sc in shapes[1:]]
+
+
+def scan_in_specs():
+    P = _P()
+    return (block_in_specs()[0],) + tuple(P(None, *s) if s is not None else None for s in block_in_specs()[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# GSPMD pipelining (paper §3.3), hand-written: stage-stacked weights on "pipe", stages vmapped,
+# the state shifted by jnp.roll each iteration, batch over "data"
+# ---------------------------------------------------------------------------------------------
+
+PIPE_MICRO = 8
+
+
+def _pipeline(constrain: Constrain):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    P = _P()
+
+    def stage(w, h):
+        return jnp.tanh(h @ w)
+
+    def pipelined(x, ws):
+        s, m = ws.shape[0], PIPE_MICRO
+        mb = x.shape[0] // m
+        xs = jnp.swapaxes(x.reshape((mb, m) + x.shape[1:]), 0, 1)  # [M, mb, d]
+        state = constrain(jnp.zeros((s,) + xs.shape[1:], x.dtype), P("pipe", "data", None))
+        outs = constrain(jnp.zeros((s,) + xs.shape, x.dtype), P("pipe", None, "data", None))
+        stages = lax.iota(jnp.int32, s)
+
+        def body(carry, t):
+            state, outs = carry
+            recv = constrain(jnp.roll(state, 1, axis=0), P("pipe", "data", None))
+            inp = jnp.where((stages == 0)[:, None, None], lax.dynamic_index_in_dim(xs, t % m, 0), recv)
+            y = constrain(jax.vmap(stage)(ws, inp), P("pipe", "data", None))
+            done = ((stages == s - 1) & (t >= s - 1))[:, None, None, None]
+            outs = jnp.where(done, lax.dynamic_update_index_in_dim(outs, y, (t - (s - 1)) % m, 1), outs)
+            return (y, constrain(outs, P("pipe", None, "data", None))), None
+
+        (_, outs), _ = lax.scan(body, (state, outs), jnp.arange(m + s - 1))
+        return jnp.swapaxes(outs[s - 1], 0, 1).reshape(x.shape)
+
+    return pipelined
+
+
+def _pipeline_shapes(quick):
+    b, d = (64, 128) if quick else (256, 512)
+    return [((b, d), 1.0), ((4, d, d), d ** -0.5)]
+
+
 def _programs() -> dict[str, Program]:
     P = _P()
     xy = ((2, 4), ("x", "y"))
@@ -239,6 +324,10 @@ def _programs() -> dict[str, Program]:
                 (P("x", None, None), None, P("x", None, None), P("x", None, None)), P("x", None, None)),
         Program("uneven", "uneven dims", *xy, _uneven, _uneven_shapes,
                 (P("x", "y"), P("y", None), None), P("x", None)),
+        Program("scan_block_grad", f"scanned transformer grad ({SCAN_LAYERS} layers)", *xy, _scan_grad, _scan_shapes,
+                scan_in_specs()),
+        Program("pipeline", "GSPMD pipeline (4 stages, 8 microbatches)", (2, 4), ("data", "pipe"), _pipeline,
+                _pipeline_shapes, (P("data", None), P("pipe", None, None)), P("data", None)),
     ]}
 
 
