@@ -174,6 +174,29 @@ def test_failing_pure_callback_is_its_own_exception(m24):
         np.testing.assert_array_equal(np.asarray(g(x)[0]), np.full((8, 8), 3, np.float32))
 
 
+def test_failing_debug_callback_is_its_own_exception(m24):
+    calls = []
+
+    def host(v):
+        calls.append(v.shape)
+        raise ZeroDivisionError("debug callback failed")
+
+    def fn(a):
+        jax.debug.callback(host, a)
+        return (a * 2).sum(0)
+
+    f = gp.spmd(fn, m24, in_shardings=(P("x", "y"),))
+    x = np.ones((8, 8), np.float32)
+    with pytest.raises(ZeroDivisionError, match="debug callback failed") as info:
+        jax.block_until_ready(f(x))
+    assert calls == [(8, 8)]  # once, by the first device, with the whole value
+    assert any("jax.debug.callback at" in n for n in getattr(info.value, "__notes__", []))
+    calls.clear()
+    with pytest.raises(ZeroDivisionError):  # the failure is not kept: the next call fails afresh
+        jax.block_until_ready(f(x))
+    assert calls == [(8, 8)]
+
+
 # -- unclear errors: now gp.ShardingErrors naming the culprit ----------------------------------------
 @pytest.mark.parametrize("spec, needles", [
     (jax.sharding.PartitionSpec("z"), ("names mesh axis 'z'", "('x', 'y')")),
@@ -257,6 +280,16 @@ def fn(a):
 
 print(gp.spmd(fn, mesh, in_shardings=(gp.P("x", "y"),))(np.ones((8, 8), np.float32)))
 """
+_FAILING_DEBUG_CALLBACK = _PRELUDE + """
+def host(v):
+    raise ZeroDivisionError("debug callback failed")
+
+def fn(a):
+    jax.debug.callback(host, a)
+    return (a * 2).sum(0)   # a collective follows the callback
+
+print(gp.spmd(fn, mesh, in_shardings=(gp.P("x", "y"),))(np.ones((8, 8), np.float32)))
+"""
 _LAUNCHED_WITHOUT_INITIALIZE = _PRELUDE  # gp.Mesh((2, 4)) on one of 2 processes with 4 devices each
 
 
@@ -282,7 +315,8 @@ def _run_script(tmp_path, text: str, *launcher: str):
 @pytest.mark.parametrize("text, error", [
     (_DONATED_AGAIN, "gspmd_py.errors.DeletedArrayError: <lambda>: argument arg0 float32[8, 8] has been deleted"),
     (_FAILING_CALLBACK, "KeyError: 'no such row'"),
-], ids=["donated-again", "failing-callback"])
+    (_FAILING_DEBUG_CALLBACK, "ZeroDivisionError: debug callback failed"),
+], ids=["donated-again", "failing-callback", "failing-debug-callback"])
 def test_crashes_and_hangs_end_as_python_exceptions(tmp_path, text, error):
     done, elapsed = _run_script(tmp_path, text)
     assert done.returncode == 1, (done.returncode, done.stderr[-3000:])  # < 0: killed by a signal

@@ -1,4 +1,4 @@
-"""The correct last resort: compute the op whole on every device (and host callbacks).
+"""The correct last resort: compute the op whole on every device.
 
 The op's rule makes every factor need replication, so its operands arrive fully
 replicated; the original primitive runs with its original parameters and the driver
@@ -7,8 +7,6 @@ sharded tensor it is reported, like XLA's "involuntary full rematerialization" b
 a PartitionWarning and a line in ``plan.report()``.
 """
 from __future__ import annotations
-
-from jax import lax
 
 from .context import Ctx
 from .registry import handler
@@ -23,18 +21,3 @@ def replicated(ctx: Ctx, op, rule, plan, args):
     outs = op.primitive.bind(*[a.x for a in args], **op.params)
     outs = list(outs) if op.primitive.multiple_results else [outs]
     return [ctx.pv(o, v.shape, ((),) * v.rank) for o, v in zip(outs, op.outputs)]
-
-
-@handler("host_callback")
-def host_callback(ctx: Ctx, op, rule, plan, args):
-    """jax.debug.print / debug.callback: called once, by the first device, with the whole
-    operands (they arrive replicated), as jax.jit calls it once for a sharded program."""
-    axes = ctx.fine.names
-    first = ctx.index(axes) == 0 if axes else True
-
-    def call(xs):
-        op.primitive.bind(*xs, **op.params)
-        return None
-
-    lax.cond(first, call, lambda xs: None, [a.x for a in args])
-    return []

@@ -1,5 +1,6 @@
-"""``jax.pure_callback``: called once per call, by the first device, with the whole operands
-(as jax.jit calls it), and a failure is a Python exception, never a hang.
+"""Host callbacks (``jax.pure_callback``, ``jax.debug.print`` / ``jax.debug.callback``): called
+once per call, by the first device, with the whole operands (as jax.jit calls them), and a
+failure is a Python exception, never a hang.
 
 Per device, the SPMD program does::
 
@@ -7,6 +8,9 @@ Per device, the SPMD program does::
     outs, failed = psum((outs, failed), all axes)   # the first device's results, everywhere
     ok = pure_callback(check, failed)                # every device: raises when the call failed
     outs = where(ok == 0, outs, 0)                   # (ties the check to the results)
+
+A debug callback has no results: only its ``failed`` flag is broadcast, and the check is an
+effect (``jax.debug.callback``) so that it stays in the program.
 
 ``guarded`` runs the user's callback and catches what it raises (keeping it), so the first
 device still reaches the broadcast and no device waits in a collective for one that
@@ -94,6 +98,40 @@ def pure_callback(ctx: Ctx, op, rule, plan, args):
     return [ctx.pv(o, v.shape, ((),) * v.rank) for o, v in zip(outs, op.outputs)]
 
 
+@handler("host_callback")
+def host_callback(ctx: Ctx, op, rule, plan, args):
+    """jax.debug.print / debug.callback: the first device calls it with the whole operands (they
+    arrive replicated); its failure flag is broadcast and checked on every device."""
+    what = "jax.debug.print" if op.prim == "debug_print" else "jax.debug.callback"
+    call = HostCall(_flat(op), (), f"{what} at {op.source or 'op %d' % op.id}")
+    ctx.host_calls.append(call)
+    axes = ctx.fine.names
+    first = ctx.index(axes) == 0 if axes else jnp.bool_(True)
+    flag = jax.ShapeDtypeStruct((), jnp.int32)
+
+    def run(xs):
+        return jax.pure_callback(call, [flag], *xs)[0]
+
+    failed = lax.cond(first, run, lambda xs: jnp.int32(0), [a.x for a in args])
+    if axes:
+        failed = _broadcast(ctx, failed, axes)
+    jax.debug.callback(call.check, failed)
+    return []
+
+
+def _flat(op):
+    """The op's own call on flat operands: debug_callback's flat callback, or debug_print's
+    formatting and printing (``jax.debug.print`` binds its format and arguments)."""
+    if "callback" in op.params:
+        return lambda *xs: list(op.params["callback"](*xs) or ())
+
+    def printed(*xs):
+        op.primitive.impl(*xs, **op.params)
+        return []
+
+    return printed
+
+
 def _broadcast(ctx: Ctx, x, axes: Sequence[str]):
     """The first device's ``x`` on every device: a sum where the others hold the additive identity."""
     if x.dtype == jnp.bool_:
@@ -153,3 +191,4 @@ class _QuietChecks(logging.Filter):
 
 
 logging.getLogger("jax._src.callback").addFilter(_QuietChecks())
+logging.getLogger("jax._src.debugging").addFilter(_QuietChecks())
