@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import gspmd_py as gp
+from partition_util import report_problems
 
 P = gp.P
 L, B, D, F = 3, 8, 16, 32
@@ -54,6 +55,7 @@ def unrolled(x, w1, w2):
 def no_all_gather(plan):
     gathers = [str(c) for c in plan.collectives if c.kind == "all-gather"]
     assert not gathers, gathers
+    assert not report_problems(plan), report_problems(plan)  # and the report says what the program holds
 
 
 def moved(cs):
