@@ -208,3 +208,24 @@ def test_cond_branches_inside_a_scan(mesh, flag):
     close(f(x, w1, w2, flag), jax.jit(fn)(x, w1, w2, flag))
     no_all_gather(plan)
     assert {(c.kind, c.axes, c.in_loop) for c in plan.collectives} == {("all-reduce", ("y",), True)}
+
+
+# -- point 3: pipelining the GSPMD way ------------------------------------------------------------
+
+@settings(max_examples=8)
+@given(n=st.sampled_from([4, 7, 8, 13]), i=st.integers(-13, 14), how=st.sampled_from(["set", "add", "max"]))
+def test_updating_one_row_of_a_sharded_dim_is_local(mesh, n, i, how):
+    """``state.at[i].set(x)`` with the rows sharded: each device scatters into its own rows
+    (out-of-range indices are dropped, as jnp drops them): no collective."""
+    rng = np.random.default_rng(n)
+    s = rng.standard_normal((n, 6)).astype(np.float32)
+    x = rng.standard_normal((6,)).astype(np.float32)
+
+    def fn(s, x):
+        return getattr(s.at[i], how)(x)
+
+    f = gp.spmd(fn, mesh, in_shardings=(P("y", None), None), out_shardings=P("y", None))
+    plan = f.plan(s, x)
+    close(f(s, x), jax.jit(fn)(s, x))
+    assert [c for c in plan.collectives if c.op != "boundary" or n % 4 == 0] == [], plan.report()
+    assert not report_problems(plan)

@@ -3,7 +3,7 @@
 Importing it registers one handler per rule handler name and checks that none is missing.
 """
 from . import (control_handler, conv_handler, dot_handler, fallback, generic, random_handler,  # noqa: F401
-               reduce_handler, windowed_handler)
+               reduce_handler, scatter_handler, windowed_handler)
 from .registry import check_complete
 
 check_complete()
