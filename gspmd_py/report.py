@@ -29,6 +29,20 @@ class Row:
     collectives: tuple[Collective, ...]
     depth: int = 0  # nesting inside scan/while/cond bodies
     source: str = ""
+    value_id: int = -1  # the IR value an input/op row shows
+
+
+def sharding_text(plan, v) -> str:
+    """The value's recorded sharding, and the partial the program still holds it as (a sum
+    over some axes deferred to a consumer: each device's buffer is not yet the value)::
+
+        [{x}, {}] partial-sum(y)
+    """
+    text = plan._shardings[v.id].shardy()
+    held = plan.ctx.held.get(v.id)
+    if held is not None and held.partial is not None:
+        text += f" partial-{held.partial.op}({plan.fine.label(held.partial.axes)})"
+    return text
 
 
 def coll_text(c: Collective) -> str:
@@ -43,17 +57,16 @@ def rows(plan) -> list[Row]:
         by_op.setdefault(c.op_id, []).append(c)
     out: list[Row] = []
     for i, v in enumerate(plan.graph.inputs):
-        s = plan._shardings[v.id]
-        out.append(Row("input", f"input {plan._in_names[i]}", v.type_str, s.shardy(), _local(plan, v), ()))
+        out.append(Row("input", f"input {plan._in_names[i]}", v.type_str, sharding_text(plan, v), _local(plan, v), (),
+                       value_id=v.id))
 
     def walk(graph, depth):
         for op in graph.ops:
             colls = tuple(by_op.get(op.id, []))
             for v in op.outputs:
-                s = plan._shardings[v.id]
                 nm = f" <{v.name}>" if v.name else ""
-                out.append(Row("op", f"{op.prim} #{op.id}{nm}", v.type_str, s.shardy(), _local(plan, v), colls,
-                               depth, op.source))
+                out.append(Row("op", f"{op.prim} #{op.id}{nm}", v.type_str, sharding_text(plan, v), _local(plan, v),
+                               colls, depth, op.source, v.id))
                 colls = ()
             for r in op.regions:
                 walk(r, depth + 1)

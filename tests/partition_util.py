@@ -287,3 +287,37 @@ def fuzz_diff(got, want, exactness: int, tol: float, scale: float) -> tuple[str,
         return "", worst
     i = tuple(int(v[0]) for v in np.nonzero(bad))
     return f"{int(bad.sum())} of {bad.size} differ, first at {i}: {g[i]!r} != {w[i]!r}", worst
+
+
+def report_problems(plan) -> list[str]:
+    """Where ``plan.report()`` (its source data: every value's recorded sharding) claims a
+    layout the traced per-device program does not hold, loop and branch bodies included:
+    the local shape of the program's buffer, its mesh axes per dim, and its partial state."""
+    from gspmd_py import report
+
+    problems = []
+    held = plan.ctx.held
+    walked = list(plan.graph.inputs)
+    for op in plan.graph.walk():
+        walked += op.outputs
+        for region in op.regions:
+            walked += region.inputs
+    for v in walked:
+        h = held.get(v.id)
+        if h is None:
+            problems.append(f"%{v.id} {v.type_str}: the program never held it")
+            continue
+        dims = plan._fdims(v)
+        local = tuple(plan.ctx.local_shape(v.shape, dims))
+        if h.local_shape != local or h.dims != dims:
+            problems.append(f"%{v.id} {v.type_str}: recorded {plan._shardings[v.id].shardy()} (local {list(local)}), "
+                            f"the program holds {h.dims} (local {list(h.local_shape)})")
+    for r in report.rows(plan):
+        h = held.get(r.value_id)
+        if h is None:
+            continue
+        if r.local != "[" + ",".join(map(str, h.local_shape)) + "]":
+            problems.append(f"report row {r.label}: local {r.local}, held {list(h.local_shape)}")
+        if ("partial-" in r.sharding) != (h.partial is not None):
+            problems.append(f"report row {r.label}: {r.sharding}, held partial {h.partial}")
+    return problems

@@ -43,7 +43,7 @@ from jax import lax
 
 import gspmd_py as gp
 from partition_util import (EXACT, EXACT_UP_TO_ZERO_SIGN, FUZZ_DTYPES, INEXACT, MESH_SHAPES, examples, fuzz_diff,
-                            fuzz_values, mesh_of, np_dtype, spec_for)
+                            fuzz_values, mesh_of, np_dtype, report_problems, spec_for)
 
 DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 0)
 MAX_ELEMS = 4096
@@ -443,6 +443,7 @@ def check_program(prog: Program) -> list[str]:
         want_sharding = jax.sharding.NamedSharding(plan.jax_mesh, plan.out_specs[i])
         if not g.sharding.is_equivalent_to(want_sharding, g.ndim):
             problems.append(f"output {i}: laid out {g.sharding}, planned {want_sharding}")
+    problems += report_problems(plan)
     return problems
 
 

@@ -85,4 +85,4 @@ def control(op) -> OpRule:
         b.result(d)
     for v in region_values(op):
         b.result(known[v.id] if v.id in known else tie(v))
-    return b.build(OTHER)
+    return b.build(OTHER, edges=True)  # positions are independent: an axis may shard each of them

@@ -44,14 +44,28 @@ def gather(op) -> OpRule:
     return b.operand(op_f).operand(idx_f).result(out_f).build(OTHER)
 
 
+def dropping(op) -> bool:
+    """Does the scatter skip out-of-bounds updates (so a device may scatter into its own rows
+    with indices shifted by its offset, the others' updates falling out of its bounds)?"""
+    return str(op.params.get("mode", "")).rsplit(".", 1)[-1] in ("FILL_OR_DROP", "PROMISE_IN_BOUNDS")
+
+
 @register("scatter", "scatter-add", "scatter_add", "scatter-sub", "scatter_sub", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
-          "scatter-max", "scatter_max", handler="generic")
+          "scatter-max", "scatter_max", handler="scatter")
 def scatter(op) -> OpRule:
+    """Besides the whole window dims (pass), an indexed operand dim with a window of one row
+    (an inserted window dim, e.g. ``state.at[0].set(x)``) may stay sharded when the scatter
+    drops out-of-bounds updates: each device scatters into the rows it holds, indices shifted
+    by its offset (partitioner/scatter_handler.py): a local select on the owning device."""
     dn = op.params["dimension_numbers"]
     operand, indices, updates = op.inputs[0].shape, op.inputs[1].shape, op.inputs[2].shape
     b = RuleBuilder()
     op_f: list = [None] * len(operand)
     upd_f: list = [None] * len(updates)
+    if dropping(op):
+        for d in dn.scatter_dims_to_operand_dims:
+            if d in dn.inserted_window_dims:
+                op_f[d] = b.factor(operand[d])
     window_src = [d for d in range(len(operand))
                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
     for ud, d in zip(dn.update_window_dims, window_src):

@@ -57,7 +57,7 @@ HANDLER_NAMES = frozenset({
     "elementwise", "transpose", "broadcast", "reshape", "iota", "generic", "dot", "reduce", "argreduce",
     "cumulative", "along_dim", "conv", "reduce_window", "select_and_scatter_add", "pad", "slice", "rev",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "split", "control", "replicated", "random_bits",
-    "stack", "host_callback", "pure_callback",
+    "stack", "host_callback", "pure_callback", "scatter",
 })
 
 TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first
@@ -87,6 +87,13 @@ class OpRule:
     level: int = ELEMENTWISE
     forward_level: int | None = None  # level at which operand->result propagation opens (broadcast)
     handler: str = "generic"
+    # per factor, its data-flow edge (Shardy's): tensors of different edges share no factor and
+    # are computed independently (a loop's carries, constants, xs/ys slots), so a mesh axis may
+    # shard one factor per edge. None: the whole op is one edge (an axis shards one factor).
+    edges: tuple[int, ...] | None = None
+
+    def edge(self, f: int) -> int:
+        return 0 if self.edges is None else self.edges[f]
 
     @property
     def tensors(self) -> tuple[TensorDims, ...]:
@@ -151,8 +158,31 @@ class RuleBuilder:
         self._results.append(_dims(dims, self._factors))
         return self
 
-    def build(self, level: int = ELEMENTWISE, forward_level: int | None = None) -> OpRule:
-        return OpRule(tuple(self._factors), tuple(self._operands), tuple(self._results), level, forward_level)
+    def build(self, level: int = ELEMENTWISE, forward_level: int | None = None, *, edges: bool = False) -> OpRule:
+        """``edges=True``: the op's tensors fall into independent data-flow edges (the connected
+        components of "shares a factor"), each of which may use every mesh axis once."""
+        tensors = tuple(self._operands) + tuple(self._results)
+        return OpRule(tuple(self._factors), tuple(self._operands), tuple(self._results), level, forward_level,
+                      edges=_components(len(self._factors), tensors) if edges else None)
+
+
+def _components(n: int, tensors: Sequence[TensorDims]) -> tuple[int, ...]:
+    """Per factor, the smallest factor id of its component (factors joined by sharing a tensor)."""
+    parent = list(range(n))
+
+    def root(f: int) -> int:
+        while parent[f] != f:
+            parent[f] = parent[parent[f]]
+            f = parent[f]
+        return f
+
+    for dims in tensors:
+        fs = [f for d in dims for f in d]
+        for f in fs[1:]:
+            a, b = root(fs[0]), root(f)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return tuple(root(f) for f in range(n))
 
 
 def _dims(dims, factors: list[Factor]) -> TensorDims:

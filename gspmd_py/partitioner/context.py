@@ -48,6 +48,15 @@ class Collective:
         return f"{self.kind}({','.join(self.axes)}) {self.bytes_per_device}B{extra}  <- {self.op}"
 
 
+@attrs.frozen
+class Held:
+    """What the traced per-device program holds for one IR value."""
+
+    local_shape: tuple[int, ...]  # the tracer's shape (uneven dims padded to whole shards)
+    dims: FineDims  # per dim its fine mesh axes
+    partial: Optional[Partial] = None  # not yet reduced over these axes (a deferred all-reduce)
+
+
 @attrs.define
 class Fallback:
     op: str
@@ -69,11 +78,19 @@ class Ctx:
         self.seen_operands: dict[int, tuple[FineDims, ...]] = {}  # op id -> operand shardings the handler got
         self.incoming: list[PValue] = []  # the current op's operands before they were resharded
         self.host_calls: list = []  # host_calls.HostCall of each jax.pure_callback: failures, re-raised by Plan.run
+        # value id -> what the traced per-device program holds for it (local shape, dims, partial
+        # axes), loop and branch bodies included: what plan.report() must agree with
+        self.held: dict[int, Held] = {}
 
     # -- values ------------------------------------------------------------------
     def pv(self, x, shape, dims: FineDims, partial: Optional[Partial] = None, dtype=None) -> PValue:
         self._next_key += 1
         return PValue(x, tuple(shape), tuple(tuple(d) for d in dims), partial, dtype, self._next_key)
+
+    def hold(self, vid: int, pv: PValue) -> PValue:
+        """Note what the program holds for value ``vid`` (its tracer's shape is the local shape)."""
+        self.held[vid] = Held(tuple(int(n) for n in pv.x.shape), pv.dims, pv.partial)
+        return pv
 
     def local_shape(self, shape, dims) -> tuple[int, ...]:
         return local_shape(shape, dims, self.sizes)

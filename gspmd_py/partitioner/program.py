@@ -159,8 +159,11 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
 
     Region handlers (scan/while/cond) call this recursively on their bodies.
     """
-    env: dict[int, PValue] = {v.id: pv for v, pv in zip(graph.inputs, inputs)}
     want = ctx.want
+    # a body's parameters take the sharding recorded for them (a no-op unless a loop's projection
+    # chose another layout for the position than propagation gave the parameter)
+    env: dict[int, PValue] = {v.id: ctx.hold(v.id, reshard(ctx, pv, want.get(v.id, pv.dims)))
+                              for v, pv in zip(graph.inputs, inputs)}
 
     def get(v) -> PValue:
         pv = env.get(v.id)
@@ -178,7 +181,8 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
         with jax.named_scope(op_scope(op)):
             results = partition_op(ctx, op, ctx.rules[op.id], ctx.plans[op.id], [get(v) for v in op.inputs])
             for v, r in zip(op.outputs, results):
-                env[v.id] = reshard(ctx, r, want.get(v.id, ((),) * v.rank), keep_partial=v.id not in final)
+                env[v.id] = ctx.hold(v.id, reshard(ctx, r, want.get(v.id, ((),) * v.rank),
+                                                   keep_partial=v.id not in final))
     ctx.current_op = outer
     return [get(v) for v in graph.outputs]
 

@@ -22,7 +22,8 @@ holder gets there by a local slice. Conflicting offers at one priority differ by
 * ``decide=True`` (the recorded projection): an op must run in *some* sharding, so the
   axes held by the most data win (sum of the sizes of the tensors that offer them).
 
-Factors are then served in order and never reuse an axis: by priority, then (propagation)
+Factors are then served in order and never reuse an axis within one data-flow edge (the whole
+op, except for loops: ``OpRule.edges``, each carry/constant/xs/ys position its own edge): by priority, then (propagation)
 the tensors that carry them and their size, or (decide) the data that agrees on their
 axes, so that a contested factor cannot take an axis from an agreed one. Two constraints make every projection executable:
 
@@ -170,14 +171,15 @@ def _project(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: b
             return (prio, -agree[f], -len(rule.factor_dims(f)), f)
         return (prio, -len(rule.factor_dims(f)), -src.size, f)
 
-    used: list[AxisRef] = []
+    used: dict[int, list[AxisRef]] = {}  # per data-flow edge (one for most ops; per loop position)
     final: FactorAxes = {}
     source: dict[int, tuple[float, int]] = {}
     for f in sorted(chosen, key=order):
         axes, prio, src = chosen[f]
-        axes = ax.truncate_at_overlap(mesh, axes, used)
+        taken = used.setdefault(rule.edge(f), [])
+        axes = ax.truncate_at_overlap(mesh, axes, taken)
         if axes:
-            used.extend(axes)
+            taken.extend(axes)
             final[f] = axes
             source[f] = (prio, src.tensor)
     _make_executable(mesh, rule, final)
@@ -221,12 +223,15 @@ def _dividing_prefix(mesh: Mesh, axes: Axes, n: int) -> Axes:
 
 def _rehome(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], fa: FactorAxes) -> None:
     """Axes of a need-replication dim move to an unsharded pass factor of the same tensor."""
-    used = [a for axes in fa.values() for a in axes]
+    used: dict[int, list[AxisRef]] = {}
+    for f, axes in fa.items():
+        used.setdefault(rule.edge(f), []).extend(axes)
     for st, dims in zip(tensors, rule.tensors):
         for d, fs in enumerate(dims):
             if not fs or not st.axes[d] or any(rule.factors[f].kind != NEED_REPLICATION for f in fs):
                 continue
-            moving = ax.truncate_at_overlap(mesh, st.axes[d], used)
+            taken = used.setdefault(rule.edge(fs[0]), [])
+            moving = ax.truncate_at_overlap(mesh, st.axes[d], taken)
             if not moving:
                 continue
             k = ax.size(moving)
@@ -237,7 +242,7 @@ def _rehome(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], fa: Factor
                 if rule.factors[g].kind != PASS or g in fa or rule.factors[g].size % k:
                     continue
                 fa[g] = moving
-                used.extend(moving)
+                taken.extend(moving)
                 break
 
 
