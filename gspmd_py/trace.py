@@ -23,6 +23,7 @@ import numpy as np
 
 from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
 from .errors import ShardingError
+from . import shifts
 from .ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
 INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
@@ -157,7 +158,7 @@ class _Builder:
 def trace_jaxpr(closed, mesh=None) -> Graph:
     """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls),
     dead code removed."""
-    return eliminate_dead_code(_Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts))
+    return eliminate_dead_code(shifts.fold(_Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts)))
 
 
 def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Graph:

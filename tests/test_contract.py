@@ -77,6 +77,7 @@ SAMPLES = {
                       (lambda a: lax.dynamic_slice_in_dim(a, 1, 6, 0), [(9, 4)])],
     "dynamic_update_slice": [(lambda a, b: lax.dynamic_update_slice_in_dim(a, b, 2, 0), [(9, 4), (3, 4)])],
     "split": [(lambda a: jnp.split(a, [2], axis=0), [(7, 3)])],
+    "rotate": [(lambda a: jnp.roll(a, 3, axis=0), [(8, 3)]), (lambda a: jnp.roll(a, -1, axis=1), [(5, 7)])],
     "random_bits": [(lambda a: a + jax.random.uniform(jax.random.key(1), a.shape), [(7, 5)])],
     "stack": [(lambda a, b: jnp.stack([a, b], axis=1), [(7, 3), (7, 3)])],
     "unstack": [(lambda a: lax.unstack(a, axis=1), [(5, 3)])],

@@ -303,9 +303,8 @@ def test_pipeline_shift_is_one_collective_permute_per_iteration(pipe_mesh):
     _one_permute_per_iteration(pipe_mesh, "pad")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 point 3, not done: a rotate written as slices + concatenate "
-                   "(jnp.roll) permutes twice per iteration (the wrapped row, then the concatenate); jnp.pad then "
-                   "a slice three times (the padded dim reshards). XLA emits one.")
 @pytest.mark.parametrize("shift", ["roll", "slice+concatenate", "pad+slice"])
 def test_pipeline_other_shift_forms_one_collective_permute(pipe_mesh, shift):
+    """The other forms fold into one op before propagation (gspmd_py/shifts.py): a rotate, or
+    one pad with negative padding."""
     _one_permute_per_iteration(pipe_mesh, shift)
