@@ -18,9 +18,13 @@ from .cost import Cost, Hardware, Link
 from . import distributed
 from .distributed import to_host
 from .plancheck import ProgramMismatchError
+from . import tactics
+from .search.auto import AutoResult, auto_shard
+from .search.optimizer import MemoryLimitError
+from .tactics import TacticError
 
 __all__ = [
-    "AnnotationError", "ArgumentError", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
+    "AnnotationError", "ArgumentError", "AutoResult", "MemoryLimitError", "TacticError", "auto_shard", "tactics", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
     "ProgramMismatchError", "Rules",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
     "ShardingError",
