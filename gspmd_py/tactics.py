@@ -182,11 +182,10 @@ class Zero:
 
 
 def _zero_dim(ctx: TacticContext, v, a: AxisRef) -> Optional[int]:
-    best = None
-    for d in range(v.rank):
-        if ctx.can_add(v, d, a) and (best is None or v.shape[d] > v.shape[best]):
-            best = d
-    return best
+    """The dim ``a`` shards: an unsharded one if any divides, the largest of those (first on ties)."""
+    dims = ctx.dims(v)
+    ok = [d for d in range(v.rank) if ctx.can_add(v, d, a)]
+    return min(ok, key=lambda d: (bool(dims[d]), -v.shape[d], d), default=None)
 
 
 @attrs.frozen
