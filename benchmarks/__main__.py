@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--only calls,cold,size,devices,profile,index] [--out DIR]``
+"""``python -m benchmarks [--quick] [--only calls,cold,size,devices,profile,index,auto] [--out DIR]``
 
 Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 ``benchmarks/results/*.md`` (+ PNG plots when matplotlib is installed: ``.[bench]``):
@@ -9,6 +9,7 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``devices``: plan time against device count (abstract meshes, 8 to 8,192 devices)
 * ``profile``: cProfile of planning the largest program
 * ``index``: index math, NumPy twins vs Numba kernels (cold and warm), crossovers
+* ``auto``: gp.auto_shard's plan against hand-written ones (predicted, measured), DenseLm on TPU v3
 
 ``--quick`` uses smaller inputs, fewer repeats and stops the size sweep at 32 blocks.
 Targets (issue 9) are printed next to the numbers; nothing here asserts them.
@@ -24,7 +25,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto")
 
 
 def _machine() -> str:
@@ -111,6 +112,11 @@ def main(argv=None) -> int:
 
         text = index_math.run(q)
         files["index_math.md"] = header + text
+
+    if "auto" in only:
+        from . import auto
+
+        files["auto.md"] = header + auto.run(q)
 
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w") as fh:

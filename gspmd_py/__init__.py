@@ -19,10 +19,15 @@ from .cost import Cost, Hardware, Link
 from . import distributed
 from .distributed import to_host
 from .plancheck import ProgramMismatchError
+from . import tactics
+from .search.auto import AutoResult, auto_shard
+from .search.optimizer import MemoryLimitError
+from .tactics import TacticError
 
 __all__ = [
-    "AnnotationError", "ArgumentError", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
-    "ProgramMismatchError", "Rules", "Schedule", "pipeline",
+    "AnnotationError", "ArgumentError", "AutoResult", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware",
+    "Link", "MemoryLimitError", "Plan", "ProgramMismatchError", "Rules", "Schedule", "TacticError", "auto_shard",
+    "pipeline", "tactics",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
     "ShardingError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",

@@ -48,7 +48,8 @@ Dims = tuple  # per tensor dim: a tuple of AxisRefs
 def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
                out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
-               boundary: bool = False, combine_threshold_bytes: Optional[int] = None) -> Plan:
+               boundary: bool = False, combine_threshold_bytes: Optional[int] = None, tactics: Sequence = (),
+               leaves=None, args_tree=None) -> Plan:
     """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops are the annotations; ``in_dims``
     seeds the inputs themselves (in_shardings, or the layouts inputs arrive in; ``in_labels`` say
     which, for ``plan.explain``).
@@ -84,6 +85,14 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
             dims, what = annotation_dims(mesh, op, op.outputs[0].rank)
             seeds.append(Seed(op.outputs[0], dims, op.params["priority"], labels.get(op.id, what)))
+    log: tuple = ()
+    if tactics:  # gspmd_py/tactics.py: each adds decisions over its axes; they become seeds
+        from .search.context import Leaf, TacticContext
+        from .tactics import apply_tactics
+
+        leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
+        ctx = apply_tactics(tactics, TacticContext(graph, mesh, leaves, seeds, args_tree, tuple(donate_argnums)))
+        seeds, log = ctx.seeds(), tuple(ctx.log)
     prop = Propagation(graph, mesh, seeds).run()
     if in_tree is None:
         in_tree = jax.tree_util.tree_structure([0] * n_in)
@@ -91,8 +100,10 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     with outside_user_mesh(), own_mesh():
         extra = {} if combine_threshold_bytes is None else {"combine_threshold_bytes": combine_threshold_bytes}
-        return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
+        plan = Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
                     **extra)
+    plan.tactics = log
+    return plan
 
 
 def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:
@@ -156,7 +167,9 @@ class Spmd:
 
     def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None, *,
                  static_argnums=(), static_argnames=(), donate_argnums=(),
-                 combine_threshold_bytes: Optional[int] = None):
+                 combine_threshold_bytes: Optional[int] = None, tactics=None):
+        from .tactics import check_tactics
+
         if not isinstance(mesh, Mesh):
             raise ShardingError(f"gp.spmd needs a gp.Mesh, got {type(mesh).__name__}")
         if combine_threshold_bytes is not None and (not isinstance(combine_threshold_bytes, int)
@@ -167,6 +180,7 @@ class Spmd:
         self.fn, self.mesh = fn, mesh
         self.combine_threshold_bytes = combine_threshold_bytes
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
+        self.tactics = check_tactics(tactics)
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
         # bounded LRUs (PLAN_CACHE_SIZE = 64 keys each): entries by full call key, and the fast path's
         # entries by call_key (tree + type/shape/dtype per leaf) for calls without statics or keywords
@@ -255,6 +269,13 @@ class Spmd:
         out_tree, out_dims = box[-1]
         n_c, in_tree = len(closure), call.in_tree
         labels = [f"in_shardings of {nm}" for nm in in_names]
+        leaves, args_tree = None, None
+        if self.tactics:
+            from .search.context import Leaf, leaves_of_call
+
+            leaves = [Leaf(None, f"closure{i}", f"closure{i}") for i in range(n_c)] + leaves_of_call(call, in_names)
+            tree = jax.tree_util.tree_unflatten(call.in_tree, list(call.avals))
+            args_tree = tuple(tree[0] if call.kw_form else tree)
         if n_c:  # closed-over tracers become leading inputs, left open to propagation
             in_names = [f"closure{i}" for i in range(n_c)] + in_names
             in_dims = [None] * n_c + in_dims
@@ -265,7 +286,8 @@ class Spmd:
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
                           in_dims=in_dims, in_labels=labels,
                           out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
-                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes)
+                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes,
+                          tactics=self.tactics, leaves=leaves, args_tree=args_tree)
         params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes)
         return _Entry(closed, plan, params, out_tree, donate, closure)
 
@@ -299,12 +321,15 @@ def _type_str(a) -> str:
 
 
 def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,
-         static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None):
+         static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None,
+         tactics=None):
     """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``.
 
     ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
     ``combine_threshold_bytes``: independent collectives of one kind over the same axes are
     issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
+    ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/tactics.py),
+    each deciding the shardings over the mesh axes it names.
     """
     if fn is not None and not callable(fn):
         if isinstance(fn, Mesh) and mesh is None:
@@ -314,7 +339,7 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
     if mesh is None:
         raise ShardingError("gp.spmd needs mesh=gp.Mesh(...)")
     kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
-              combine_threshold_bytes=combine_threshold_bytes)
+              combine_threshold_bytes=combine_threshold_bytes, tactics=tactics)
     if fn is None:
         return lambda f: Spmd(f, mesh, in_shardings, out_shardings, **kw)
     return Spmd(fn, mesh, in_shardings, out_shardings, **kw)

@@ -31,6 +31,8 @@ from .sharding import Sharding
 class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes."""
 
+    tactics: tuple = ()  # search.context.TacticRecord per gp.tactics entry, in order (set by plan_jaxpr)
+
     def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, in_tree, out_tree,
                  in_names: list[str], donate_argnums: tuple[int, ...] = (),
                  combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES):
@@ -144,7 +146,12 @@ class Plan:
         """Per-op table: global/local shapes, shardings, collectives; fallbacks and notes."""
         from .report import report
 
-        return report(self)
+        text = report(self)
+        if self.tactics:
+            from .search.context import tactics_text
+
+            text += "\n" + tactics_text(self.tactics)
+        return text
 
     def visualize(self, name: str, *, show: bool = True) -> str:
         """Print the tile grid of value ``name`` over the mesh (as jax.debug.visualize_array_sharding;

@@ -1,0 +1,106 @@
+"""``gp.auto_shard``: search the shardings of a whole function, get them back as data.
+
+    res = gp.auto_shard(train_step, mesh, params, batch, hardware=gp.Hardware.preset("h100-node"),
+                        memory_limit=16 * 2**30, time_budget_s=30, seed=0)
+    res.in_shardings      # a pytree of gp.P like the arguments: ready for gp.spmd
+    res.cost.step_s       # the chosen plan, built and costed for real
+    print(res.report())   # the best candidates beside replicated / data parallel / Megatron
+    out = res.spmd(params, batch)   # runs exactly res.plan
+
+It is ``gp.spmd(fn, mesh, in_shardings, out_shardings, tactics=[gp.tactics.auto(...)])``
+planned once: the search (optimizer.py) decides over every mesh axis, keeping the fixed
+parts of ``in_shardings``; ``res.spmd`` replays its decisions (intermediate annotations
+included) without searching again.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import attrs
+import jax
+
+from ..mesh import Mesh
+from ..sharding import P
+from .optimizer import SearchResult, _size
+
+
+@attrs.frozen
+class AutoResult:
+    """What ``gp.auto_shard`` found (see the module docstring)."""
+
+    in_shardings: Any
+    out_shardings: Any
+    plan: Any  # gp.Plan
+    cost: Any  # gp.Cost of plan on the search's hardware
+    explored: int
+    search: SearchResult
+    spmd: Any  # gp.Spmd running plan
+
+    def report(self) -> str:
+        return report(self)
+
+
+def _spec(sharding) -> P:
+    return sharding.spec
+
+
+def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings=None, hardware=None,
+               memory_limit: Optional[float] = None, time_budget_s: float = 30, seed: int = 0, static_argnums=(),
+               donate_argnums=()) -> AutoResult:
+    """Search shardings for ``fn(*args)`` over every axis of ``mesh`` (``args``: arrays or
+    jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
+    ``hardware=None``: ``gp.Hardware.preset("h100-node")``. Raises ``MemoryLimitError`` (a
+    gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
+    from ..api import Spmd
+    from ..cost import Hardware
+    from ..tactics import Decided, auto
+
+    hw = hardware or Hardware.preset("h100-node")
+    tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed)
+    f = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums, donate_argnums=donate_argnums,
+             tactics=[tac])
+    plan = f.plan(*args)
+    rec = plan.tactics[-1]
+    result: SearchResult = rec.result
+    decisions = tuple((vid, plan.prop.values[vid].shape, tuple(tuple(a.name if a.whole else str(a) for a in d)
+                                                                 for d in dims))
+                      for vid, dims in sorted(result.decisions.items()))
+    replay = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums,
+                  donate_argnums=donate_argnums, tactics=[Decided(decisions, str(tac))])
+    replay._entries = f._entries  # the plan is built: the replay runs it (other signatures replay the decisions)
+    ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
+    outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
+    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay)
+
+
+def report(res: AutoResult) -> str:
+    s = res.search
+    lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({s.hardware}): {s.explored} candidates, "
+             f"{s.programs} programs priced in {s.seconds:.2f} s; searched axes {', '.join(s.axes)}"
+             + (f"; memory limit {_size(s.memory_limit)}" if s.memory_limit else "")]
+    rows = [("plan", "step", "peak memory", "collectives", "bytes", "decisions")]
+    c = res.cost
+    rows.append(("chosen (built)", _ms(c.step_s), _size(c.peak_memory_bytes), str(len(res.plan.collectives)),
+                 _size(c.comm_bytes), s.best.text))
+    for i, cand in enumerate(s.top):
+        rows.append((f"candidate {i + 1}", _ms(cand.price.step_s), _size(cand.price.peak_memory_bytes)
+                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), _size(cand.price.comm_bytes),
+                     cand.text))
+    for name, cand in s.baselines:
+        rows.append((name, _ms(cand.price.step_s), _size(cand.price.peak_memory_bytes)
+                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), _size(cand.price.comm_bytes),
+                     "hand-written"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r[:5], widths)) + "  " + r[5])
+    lines.append("in_shardings: " + _tree_text(res.in_shardings))
+    return "\n".join(lines)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.4g} ms"
+
+
+def _tree_text(t) -> str:
+    flat, _ = jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, P))
+    return ", ".join(f"{jax.tree_util.keystr(p) or '.'}: {x}" for p, x in flat)

@@ -1,0 +1,87 @@
+"""The hand-written plans, said as search states: starting points and the report's yardsticks.
+
+* replicated: nothing decided over the searched axes;
+* data parallel: the leading dim of every data input over every searched axis;
+* Megatron (where the program has matmuls): walking the program in order, a weight's first
+  matmul splits it on its output columns when the activation it meets is not split yet
+  (column parallel: the result is split), else on its contracting dim (row parallel: the
+  result is a partial sum, one all-reduce); over the last searched axis;
+* data parallel + Megatron on 2+ axes: data over the first axes, Megatron over the last.
+
+Weights are inputs met as the right operand of a matmul; data are the other inputs (but
+not the leaves of a first argument that holds weights: ``fn(params, *batch)``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .context import TacticContext
+from .points import PointClass
+
+
+def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
+    cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values}
+    weights: list[int] = []  # value ids, in first-use order
+    for op in ctx.graph.walk():
+        if op.prim == "dot_general" and len(op.inputs) == 2:
+            lhs, rhs = op.inputs
+            if rhs.id in cls_of and rhs.id not in weights and lhs.id not in weights:
+                weights.append(rhs.id)
+    wset = set(weights)
+    weight_args = {lf.argnum for v, lf in zip(ctx.graph.inputs, ctx.leaves) if v.id in wset}
+    data = [vid for v, lf in zip(ctx.graph.inputs, ctx.leaves) if (vid := v.id) in cls_of and vid not in wset
+            and not (lf.argnum == 0 and 0 in weight_args and len(ctx.leaves) > 1)]
+    return cls_of, weights, data
+
+
+def _data_parallel(ctx, classes, cls_of, data, axes) -> tuple:
+    state = []
+    for vid in data:
+        c = cls_of[vid]
+        for a in axes:
+            if (c, 0, a) not in state:
+                state.append((c, 0, a))
+    return tuple(state)
+
+
+def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
+    wset = set(weights)
+    decided: dict[int, tuple] = {}  # class -> action
+    tainted: set[int] = set()
+    for op in ctx.graph.walk():
+        ins_tainted = any(x.id in tainted for x in op.inputs)
+        if op.prim == "dot_general" and len(op.inputs) == 2 and op.inputs[1].id in wset:
+            lhs, rhs = op.inputs
+            c = cls_of[rhs.id]
+            (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+            if c not in decided:
+                k = ctx.mesh.axis_size(axis)
+                if lhs.id in tainted:  # row parallel: split the contracting dim
+                    dims = [d for d in rc if rhs.shape[d] % k == 0]
+                    if dims:
+                        decided[c] = (c, dims[0], axis)
+                    continue  # the result is a partial sum: reduced, not split
+                dims = [d for d in range(rhs.rank) if d not in rc and d not in rb and rhs.shape[d] % k == 0]
+                if dims:
+                    decided[c] = (c, dims[0], axis)
+                    tainted.update(o.id for o in op.outputs)
+                continue
+        if ins_tainted:
+            tainted.update(o.id for o in op.outputs)
+    return tuple(decided.values())
+
+
+def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tuple[str, ...]) -> list:
+    """(name, state) of each hand-written plan that applies to this program."""
+    cls_of, weights, data = _roles(ctx, classes)
+    out = [("replicated", ())]
+    if data:
+        out.append((f"data parallel ({','.join(axes)})", _data_parallel(ctx, classes, cls_of, data, axes)))
+    if weights:
+        meg = _megatron(ctx, classes, cls_of, weights, axes[-1])
+        if meg:
+            out.append((f"Megatron ({axes[-1]})", meg))
+            if len(axes) > 1 and data:
+                dp = _data_parallel(ctx, classes, cls_of, data, axes[:-1])
+                out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]})", dp + meg))
+    return [(n, s) for n, s in out if n == "replicated" or s]

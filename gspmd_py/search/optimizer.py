@@ -1,0 +1,277 @@
+"""The search over shardings: automap-style actions, priced by propagation + the cost model.
+
+An action is "shard dim d of point class c over mesh axis a" (points.py: an open input or a
+dot/conv result; a class decides repeated layers at once). A state is a set of actions; its
+price comes from running propagation with the state's seeds on top of the earlier tactics'
+and the user's, then the cost model over the per-device program (price.py; no XLA
+compile, memoised by the propagated shardings). Score: predicted step (serial), then
+collective bytes, then fewer actions; a state whose peak memory is over ``memory_limit``
+is rejected.
+
+Method, deterministic for a seed:
+
+1. start states: nothing decided (replicated over the searched axes), and the hand-written
+   plans as starting points (data parallel, Megatron, and both on 2+ axes; baselines.py);
+2. beam search (width 2) over the input actions: expand every state of the beam by every
+   legal action, keep the best distinct (by propagated shardings) states, until the beam
+   stops improving;
+3. hill climbing from the best state over every action (intermediate annotations too) and
+   drops, first improvement in a seeded order;
+4. restarts: perturb the best state (drop an action, add a random one; ``random.Random(seed)``)
+   and hill-climb (as 3); stop after 3
+   restarts without a better state.
+
+The time budget is a hard stop checked between candidates (a budget that cuts the search
+short makes the result depend on the machine's speed; the defaults leave room). Progress
+goes to stderr when it is a terminal and the search runs longer than 2 s.
+
+``hardware=None``: ``gp.Hardware.preset("h100-node")`` (8 H100s on NVLink), a fixed preset
+so that a plan does not depend on the machine it was searched on.
+"""
+from __future__ import annotations
+
+import random
+import sys
+import time
+from typing import Optional, Sequence
+
+import attrs
+
+from ..errors import ShardingError
+from .baselines import baseline_states
+from .context import TacticContext
+from .points import PointClass, point_classes
+from .price import Price, Pricer
+
+BEAM = 2
+PATIENCE = 3
+
+Action = tuple  # (class index, dim, axis name)
+
+
+class MemoryLimitError(ShardingError):
+    """No plan the search found fits the memory limit."""
+
+
+@attrs.frozen
+class Candidate:
+    """One priced state: its actions, said in words, and the cost model's verdict."""
+
+    actions: tuple[Action, ...]
+    text: str
+    price: Price
+    fits: bool
+
+
+@attrs.frozen
+class SearchResult:
+    decisions: dict  # value id -> per dim [AxisRef] (what the search decided)
+    best: Candidate
+    top: tuple[Candidate, ...]  # the best distinct candidates, best first
+    baselines: tuple[tuple[str, Candidate], ...]
+    explored: int  # states evaluated
+    programs: int  # distinct per-device programs built and costed
+    seconds: float
+    axes: tuple[str, ...]
+    hardware: str
+    memory_limit: Optional[float]
+    classes: tuple[PointClass, ...]
+
+
+def _size(b: float) -> str:
+    for unit, k in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(b) >= k:
+            return f"{b / k:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+class _Search:
+    def __init__(self, ctx: TacticContext, axes: Sequence[str], hw, memory_limit, budget: float, seed: int,
+                 who: str):
+        self.ctx, self.axes, self.hw = ctx, tuple(axes), hw
+        self.memory_limit = memory_limit
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + budget
+        self.rng = random.Random(seed)
+        self.who = who
+        self.classes = point_classes(ctx)
+        self.refs = {a: ctx.mesh.ref(a) for a in self.axes}
+        self.pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate)
+        self.memo: dict = {}  # state -> (score, Candidate, fingerprint)
+        self.actions = [(c, d, a) for c, pc in enumerate(self.classes) for d in range(len(pc.shape))
+                        for a in self.axes]
+        self.input_actions = [x for x in self.actions if self.classes[x[0]].is_input]
+        self._shown = 0.0
+        self._tty = sys.stderr.isatty()
+
+    # -- states ----------------------------------------------------------------------
+    def canon(self, state) -> tuple:
+        order = {a: i for i, a in enumerate(self.ctx.mesh.axis_names)}
+        return tuple(sorted(set(state), key=lambda x: (x[0], x[1], order[x[2]])))
+
+    def decisions(self, state) -> Optional[dict]:
+        """value id -> dims for the state's actions, or None when one is illegal."""
+        out: dict = {}
+        ctx = self.ctx
+        for c, d, a in state:
+            ref = self.refs[a]
+            for vid in self.classes[c].values:
+                v = ctx.value(vid)
+                mine = out.setdefault(vid, [[] for _ in v.shape])
+                cur = [x + y for x, y in zip(ctx.dims(v), mine)]
+                if not ctx.can_add(v, d, ref, cur):
+                    return None
+                mine[d].append(ref)
+        return out
+
+    def legal(self, state, action) -> bool:
+        return action not in state and self.decisions(self.canon(state + (action,))) is not None
+
+    def describe(self, state) -> str:
+        if not state:
+            return "nothing more (replicated over " + ",".join(self.axes) + ")"
+        parts = []
+        for c, d, a in state:
+            pc = self.classes[c]
+            n = f" (x{len(pc.values)})" if len(pc.values) > 1 else ""
+            parts.append(f"{pc.what}{n} dim {d} on {a}")
+        return "; ".join(parts)
+
+    # -- pricing ----------------------------------------------------------------------
+    def out_of_time(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+    def evaluate(self, state) -> tuple:
+        state = self.canon(state)
+        got = self.memo.get(state)
+        if got is not None:
+            return got
+        dec = self.decisions(state)
+        seeds = self.ctx.seeds(dec, origin=self.who)
+        price, _ = self.pricer.price(seeds)
+        fits = self.memory_limit is None or price.peak_memory_bytes <= self.memory_limit
+        score = ((0, price.step_s, price.comm_bytes, len(state)) if fits
+                 else (1, price.peak_memory_bytes, price.step_s, len(state)))
+        cand = Candidate(state, self.describe(state), price, fits)
+        got = self.memo[state] = (score, cand, self.pricer.last_key)
+        self.progress()
+        return got
+
+    def progress(self, final: bool = False) -> None:
+        if not self._tty:
+            return
+        now = time.perf_counter()
+        if now - self.t0 < 2.0 or (not final and now - self._shown < 0.25):
+            return
+        self._shown = now
+        best = min(self.memo.values(), key=lambda g: g[0])[1]
+        msg = (f"\r[gspmd_py {self.who}] {len(self.memo)} candidates, {self.pricer.priced} programs, best "
+               f"{best.price.step_s * 1e3:.4g} ms{'' if best.fits else ' (over the memory limit)'}, "
+               f"{now - self.t0:.1f} s")
+        sys.stderr.write(msg + ("\n" if final else ""))
+        sys.stderr.flush()
+
+    # -- the optimizer ---------------------------------------------------------------
+    def best(self):
+        return min(self.memo.values(), key=lambda g: g[0])
+
+    def beam(self, starts, actions) -> None:
+        beam = []
+        for s in starts:
+            if self.out_of_time():
+                break
+            beam.append(self.evaluate(s))
+        beam = self._top(beam)
+        while beam and not self.out_of_time():
+            children = []
+            for _, cand, _ in beam:
+                for act in actions:
+                    if self.out_of_time():
+                        break
+                    if self.legal(cand.actions, act):
+                        children.append(self.evaluate(cand.actions + (act,)))
+            new = self._top(beam + children)
+            if [g[1].actions for g in new] == [g[1].actions for g in beam]:
+                break
+            beam = new
+
+    @staticmethod
+    def _top(gots) -> list:
+        seen, out = set(), []
+        for g in sorted(gots, key=lambda g: (g[0], g[1].actions)):
+            if g[2] in seen:
+                continue
+            seen.add(g[2])
+            out.append(g)
+            if len(out) == BEAM:
+                break
+        return out
+
+    def restarts(self) -> None:
+        stale = 0
+        while stale < PATIENCE and not self.out_of_time():
+            best_score, best, _ = self.best()
+            state = list(best.actions)
+            if state and self.rng.random() < 0.7:
+                state.pop(self.rng.randrange(len(state)))
+            legal = [a for a in self.actions if self.legal(tuple(state), a)]
+            if legal:
+                state.append(legal[self.rng.randrange(len(legal))])
+            cur = self.climb(self.evaluate(tuple(state)))
+            stale = stale + 1 if not cur[0] < best_score else 0
+
+    def climb(self, cur):
+        """First-improvement hill climbing over add / drop moves, in a seeded random order."""
+        improved = True
+        while improved and not self.out_of_time():
+            improved = False
+            moves = [("add", a) for a in self.actions if self.legal(cur[1].actions, a)]
+            moves += [("drop", a) for a in cur[1].actions]
+            self.rng.shuffle(moves)
+            for kind, a in moves:
+                if self.out_of_time():
+                    break
+                acts = cur[1].actions
+                nxt = acts + (a,) if kind == "add" else tuple(x for x in acts if x != a)
+                got = self.evaluate(nxt)
+                if got[0] < cur[0]:
+                    cur, improved = got, True
+                    break
+        return cur
+
+    def run(self, baselines) -> SearchResult:
+        self.beam([()] + [s for _, s in baselines], self.input_actions)  # inputs first: they decide the most
+        self.climb(self.best())  # then intermediate annotations (and drops) on the best
+        self.restarts()
+        self.progress(final=True)
+        score, best, _ = self.best()
+        if not best.fits:
+            raise MemoryLimitError(
+                f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={_size(self.memory_limit)} per "
+                f"device ({len(self.memo)} candidates in {time.perf_counter() - self.t0:.1f} s); the smallest peak "
+                f"found is {_size(best.price.peak_memory_bytes)} ({best.text}), dominated by "
+                + "; ".join(f"{w}: {_size(b)}" for w, b in best.price.top_buffers)
+                + ". Shard more axes, raise the limit, or shrink these tensors")
+        seen, top = set(), []
+        for g in sorted(self.memo.values(), key=lambda g: (g[0], g[1].actions)):
+            if g[2] not in seen:
+                seen.add(g[2])
+                top.append(g[1])
+            if len(top) == 5:
+                break
+        base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
+        return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
+                            self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
+                            self.memory_limit, tuple(self.classes))
+
+
+def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,
+           seed: int = 0, who: str = "auto") -> SearchResult:
+    """Search shardings over ``axes`` on top of ``ctx``'s decisions (see the module docstring)."""
+    from ..cost import Hardware
+
+    hw = hardware or Hardware.preset("h100-node")
+    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who)
+    baselines = [(name, s.canon(st)) for name, st in baseline_states(ctx, s.classes, tuple(axes))]
+    baselines = [(n, st) for n, st in baselines if s.decisions(st) is not None]
+    return s.run(baselines)

@@ -1,0 +1,100 @@
+"""Where the search may place a sharding, grouped so that repetition is decided once.
+
+A decision point is a value the search may annotate: every input the user left open, and
+the result of every top-level dot/conv (an intermediate annotation). Points are grouped
+into classes of equal shape and equal role: inputs by their key path with the numbers
+taken out (``params/layers/3/w1`` -> ``params/layers/#/w1``), intermediates by their op,
+source line and operand shapes. The layers of a block unrolled in a Python loop share a
+class, so one action ("shard dim d of this class on axis a") decides every layer at once;
+a scanned stack of layers is one input already, and so one point.
+"""
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from ..ir import Graph, Value
+from ..ops.elementwise import IDENTITY, NARY, UNARY
+from .context import TacticContext
+
+ELEMENTWISE = frozenset(UNARY) | frozenset(NARY) | frozenset(IDENTITY)
+MATMUL = frozenset(("dot_general", "conv_general_dilated"))
+MAX_INTERMEDIATE_CLASSES = 12
+
+
+@attrs.frozen
+class PointClass:
+    """Values decided together: equal shapes, one role (``what``)."""
+
+    what: str
+    shape: tuple[int, ...]
+    values: tuple[int, ...]  # value ids
+    is_input: bool
+    nbytes: int
+
+
+def _norm(path: str) -> str:
+    return re.sub(r"\d+", "#", path)
+
+
+def point_classes(ctx: TacticContext) -> list[PointClass]:
+    """The decision points of ``ctx``'s graph, grouped (inputs first, then intermediates by size)."""
+    groups: dict = {}
+    order: list = []
+
+    def put(key, v: Value, what: str, is_input: bool):
+        if key not in groups:
+            groups[key] = (what, v.shape, [], is_input, v.nbytes)
+            order.append(key)
+        groups[key][2].append(v.id)
+
+    for v, lf in zip(ctx.graph.inputs, ctx.leaves):
+        if ctx.fixed(v) or v.is_const or v.rank == 0 or v.size <= 1:
+            continue
+        path = f"arg{lf.argnum}/{_norm(lf.path)}" if lf.argnum is not None else _norm(lf.name)
+        put(("in", path, v.shape, str(v.dtype)), v, lf.name if len(lf.name) < 60 else lf.name[:57] + "...", True)
+    inter = []
+    for op in ctx.graph.ops:  # top level: loop bodies follow their (stacked) inputs
+        if op.prim not in MATMUL:
+            continue
+        for v in op.outputs:
+            if ctx.fixed(v) or v.rank == 0:
+                continue
+            key = ("op", op.prim, op.source, v.shape, tuple(x.shape for x in op.inputs))
+            inter.append((key, v, f"{op.prim} {v.type_str}" + (f" at {op.source}" if op.source else "")))
+    classes = [PointClass(groups[k][0], groups[k][1], tuple(groups[k][2]), True, groups[k][4]) for k in order]
+    ig: dict = {}
+    iorder = []
+    for key, v, what in inter:
+        if key not in ig:
+            ig[key] = (what, v.shape, [], v.nbytes)
+            iorder.append(key)
+        ig[key][2].append(v.id)
+    icl = [PointClass(ig[k][0], ig[k][1], tuple(ig[k][2]), False, ig[k][3]) for k in iorder]
+    icl.sort(key=lambda c: -c.nbytes * len(c.values))  # stable: program order among equals
+    return classes + icl[:MAX_INTERMEDIATE_CLASSES]
+
+
+def elementwise_family(graph: Graph, start: Value) -> list[Value]:
+    """``start`` and every value connected to it through elementwise ops (either direction):
+    a parameter, its optimizer state, gradient, update and new value."""
+    users: dict[int, list] = {}
+    for op in graph.walk():
+        for x in op.inputs:
+            users.setdefault(x.id, []).append(op)
+    seen = {start.id: start}
+    todo = [start]
+    while todo:
+        v = todo.pop()
+        near = []
+        if v.producer is not None and v.producer.prim in ELEMENTWISE:
+            near += v.producer.inputs
+        for op in users.get(v.id, ()):
+            if op.prim in ELEMENTWISE:
+                near += op.outputs + op.inputs
+        for x in near:
+            if x.id not in seen and not x.is_const and x.shape == start.shape:
+                seen[x.id] = x
+                todo.append(x)
+    return sorted(seen.values(), key=lambda x: x.id)

@@ -1,0 +1,158 @@
+"""Pricing one candidate: propagate its seeds, build the per-device program, run the cost model.
+
+The search prices many candidates of ONE traced graph. For each it runs the two passes the
+cost model needs and nothing more: ``Propagation`` (shardings and projections) and the
+partitioner's per-device program (``build_body`` traced by ``jax.make_jaxpr``: no jit, no
+lowering, no XLA compile), then ``cost.cost`` over it. Candidates whose propagation ends in
+the same shardings share one price (``Pricer`` memoises by that fingerprint).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import attrs
+import jax
+
+from ..cost import Hardware, cost
+from ..ir import Graph
+from ..layout import own_mesh
+from ..constraints import outside_user_mesh
+from ..mesh import Mesh
+from ..partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
+from ..partitioner.context import Collective, Ctx
+from ..partitioner.fine_mesh import FineMesh
+from ..partitioner.program import build_body, fine_plan, op_label
+from ..partitioner.records import collect
+from ..propagation import Propagation, Seed
+from ..sharding import Sharding
+
+
+@attrs.frozen
+class Price:
+    """The cost model's verdict on one propagated candidate (per device)."""
+
+    step_s: float
+    peak_memory_bytes: int
+    comm_bytes: float
+    collectives: int  # collective records in the program (combined ones count once)
+    top_buffers: tuple[tuple[str, int], ...] = ()  # the largest live values at the peak: (what, bytes)
+
+
+@attrs.define(eq=False)
+class _Program:
+    """What ``cost.cost`` reads from a Plan: graph, mesh, the per-device program and its collectives."""
+
+    graph: Graph
+    mesh: Mesh
+    program: object
+    collectives: list[Collective]
+    donate_argnums: tuple[int, ...] = ()
+
+
+def fingerprint(prop: Propagation, graph: Graph) -> tuple:
+    """The propagated shardings of every value and the factor axes of every op: equal
+    fingerprints give the same per-device program."""
+    vals = tuple(prop.dims_of(v) for v in graph.all_values())
+    facts = tuple(tuple(sorted(p.factors.items())) for _, p in sorted(prop.projections.items()))
+    return vals, facts
+
+
+def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
+                       combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> _Program:
+    """The partitioner's per-device program for these shardings, traced to a jaxpr (as
+    ``Plan._build`` does, without the jit around it)."""
+    shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
+    refs = [a for s in shardings.values() for a in s.used_axes]
+    refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
+    fine = FineMesh.build(mesh, refs)
+    ctx = Ctx(fine)
+    fd = {vid: fine.fine_dims(s.dims) for vid, s in shardings.items()}
+    ctx.want = fd
+    ctx.rules = prop.rules
+    ctx.plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
+    in_dims = [fd[v.id] for v in graph.inputs]
+    out_dims = [fd[v.id] for v in graph.outputs]
+    with outside_user_mesh(), own_mesh():
+        body = build_body(graph, ctx, in_dims, out_dims)
+        local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(graph.inputs, in_dims)]
+        axis_env = list(zip(fine.names, fine.sizes))
+        program = combine(jax.make_jaxpr(body, axis_env=axis_env)(*local), combine_threshold_bytes, axis_env)
+    labels = {op.id: op_label(op) for op in graph.walk()}
+    colls = collect(program.jaxpr, fine, lambda i: labels.get(i, f"op {i}"))
+    return _Program(graph, mesh, program, colls)
+
+
+class Pricer:
+    """Prices seed sets over one graph; memoised by the propagated fingerprint."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, hardware: Hardware, donate: Sequence[int] = (),
+                 combine_threshold_bytes: Optional[int] = None):
+        self.graph, self.mesh, self.hw = graph, mesh, hardware
+        self.donate = tuple(donate)
+        self.combine = DEFAULT_THRESHOLD_BYTES if combine_threshold_bytes is None else combine_threshold_bytes
+        self._memo: dict = {}
+        self.priced = 0  # distinct programs built and costed
+        self.propagated = 0
+        self.last_key = None  # the fingerprint of the last priced candidate
+        self._template: Optional[Propagation] = None
+
+    def propagate(self, seeds: Sequence[Seed]) -> Propagation:
+        self.propagated += 1
+        if self._template is None:
+            self._template = Propagation(self.graph, self.mesh, [])
+        return _from_template(self._template, seeds).run()
+
+    def price(self, seeds: Sequence[Seed]) -> tuple[Price, Propagation]:
+        prop = self.propagate(seeds)
+        key = fingerprint(prop, self.graph)
+        self.last_key = key
+        got = self._memo.get(key)
+        if got is None:
+            self.priced += 1
+            prog = per_device_program(self.graph, self.mesh, prop, self.combine)
+            prog.donate_argnums = self.donate
+            c = cost(prog, self.hw)
+            got = self._memo[key] = Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.collectives),
+                                          _top_buffers(self.graph, self.mesh, prop))
+        return got, prop
+
+
+def _from_template(t: Propagation, seeds: Sequence[Seed]) -> Propagation:
+    """A fresh Propagation over ``t``'s graph sharing its per-graph tables (rules, op lists,
+    neighbours): only the per-candidate state is new (as ``Propagation.__init__`` makes it)."""
+    from ..propagation.engine import DimState
+
+    p = Propagation.__new__(Propagation)
+    p.graph, p.mesh, p.seeds = t.graph, t.mesh, list(seeds)
+    p.values, p.ops, p.rules, p.tensors, p.op_by_id, p._near = t.values, t.ops, t.rules, t.tensors, t.op_by_id, t._near
+    p.state = {vid: [DimState() for _ in v.shape] for vid, v in t.values.items()}
+    p.origin, p.projections, p._ts = {}, {}, {}
+    p._dirty = [True] * len(t.ops)
+    p._forward_done = [False] * len(t.ops)
+    return p
+
+
+def _top_buffers(graph: Graph, mesh: Mesh, prop: Propagation, n: int = 3) -> tuple[tuple[str, int], ...]:
+    """The largest values per device under these shardings (what dominates a peak)."""
+    rows = []
+    for v in graph.all_values():
+        if v.is_const:
+            continue
+        s = Sharding.of(mesh, prop.dims_of(v))
+        k = 1
+        for axes in s.dims:
+            for a in axes:
+                k *= a.size
+        what = v.name or (f"{v.producer.prim} at {v.producer.source}" if v.producer is not None
+                          and v.producer.source else (v.producer.prim if v.producer is not None else f"%{v.id}"))
+        rows.append((v.nbytes // max(k, 1), f"{what} {v.type_str} {s.shardy()}"))
+    rows.sort(key=lambda r: (-r[0], r[1]))
+    seen, out = set(), []
+    for b, w in rows:
+        if w in seen:
+            continue
+        seen.add(w)
+        out.append((w, int(b)))
+        if len(out) == n:
+            break
+    return tuple(out)
