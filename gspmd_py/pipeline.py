@@ -117,7 +117,9 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatche
 
     ts = jnp.arange(sched.iterations, dtype=jnp.int32)
     (_, outs, _), _ = lax.scan(body, (state, outs, loop_back), ts)
-    out = outs[S - 1]  # [M, mb, ...]: the last stage's rows, extracted once after the loop
+    # [M, mb, ...]: the last stage's rows, extracted once after the loop by a dynamic index on
+    # the pipe-sharded dim: the owner contributes its rows, one bit-exact "pick" all-reduce
+    out = lax.dynamic_index_in_dim(outs, jnp.int32(S - 1), 0, keepdims=False)
     out = jnp.swapaxes(out, 0, 1).reshape(x.shape)
     return pipeline_p.bind(out, axis=axis, stages=S, microbatches=M, repeats=R)
 

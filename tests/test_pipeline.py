@@ -117,3 +117,30 @@ def test_bad_arguments_are_clear_errors(kwargs, match):
     params, x = weights(8), batch(8)
     with pytest.raises(gp.ArgumentError, match=match):
         gp.pipeline(stage_fn, params, x, axis="pipe", **kwargs)
+
+
+def _in_loop(plan):
+    return [(c.kind, c.axes) for c in plan.collectives if c.in_loop]
+
+
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_inside_the_loop_only_collective_permutes_over_pipe(repeats):
+    params, x = weights(4 * repeats), batch(16)
+    f = gp.spmd(piped(4, repeats), MESH, in_shardings=(PARAM_SPECS, P("data", None)))
+    plan = f.plan(params, x)
+    assert _in_loop(plan) == [("collective-permute", ("pipe",))], plan.report()
+    shift = next(c for c in plan.collectives if c.in_loop)
+    assert shift.bytes_per_device == (16 // 4 // 2) * D * 4  # one microbatch shard: one stage, half the batch
+    if repeats == 1:  # nothing else but the extraction of the last stage's rows: one pick all-reduce
+        assert [(c.kind, c.in_loop) for c in plan.collectives] == [("collective-permute", True),
+                                                                   ("all-reduce", False)], plan.report()
+    assert not [c for c in plan.collectives if c.kind == "all-gather" and "pipe" in c.axes and c.in_loop]
+
+    def loss(params, x):
+        return jnp.sum(piped(4, repeats)(params, x) ** 2)
+
+    # the backward pipeline: over pipe only permutes; the weight gradients' data-parallel
+    # all-reduce runs per iteration (as XLA's partitioner places it: a loop carry is not kept partial)
+    g = gp.spmd(jax.grad(loss), MESH, in_shardings=(PARAM_SPECS, P("data", None))).plan(params, x)
+    assert {k for k, a in _in_loop(g) if "pipe" in a} == {"collective-permute"}, g.report()
+    assert {a for _, a in _in_loop(g)} <= {("pipe",), ("data",)}, g.report()
