@@ -9,6 +9,8 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``devices``: plan time against device count (abstract meshes, 8 to 8,192 devices)
 * ``profile``: cProfile of planning the largest program
 * ``index``: index math, NumPy twins vs Numba kernels (cold and warm), crossovers
+* ``loops``: a scanned stack vs the same layers unrolled (collectives per iteration, per call);
+  gp.pipeline vs data parallelism, predicted on a GPU preset
 * ``auto``: gp.auto_shard's plan against hand-written ones (predicted, measured), DenseLm on TPU v3
 
 ``--quick`` uses smaller inputs, fewer repeats and stops the size sweep at 32 blocks.
@@ -25,7 +27,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops")
 
 
 def _machine() -> str:
@@ -112,6 +114,11 @@ def main(argv=None) -> int:
 
         text = index_math.run(q)
         files["index_math.md"] = header + text
+
+    if "loops" in only:
+        from . import loops
+
+        files["loops.md"] = header + loops.run(q)
 
     if "auto" in only:
         from . import auto
