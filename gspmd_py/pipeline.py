@@ -14,8 +14,8 @@ MaxText's pipeline module)::
               collective-permute of one microbatch shard (stage s-1 -> s, S-1 -> 0);
               stage 0 takes microbatch t % M (repeat 0) or its loop-back buffer (repeat > 0:
               the last stage's output of the previous repeat, arrived by the same shift);
-              every stage runs stage_fn on its own layer (vmapped over S); the last stage
-              files its output in a pipe-sharded buffer (a local select)
+              every stage runs stage_fn on its own layer (vmapped over S) and files its
+              output in its slot of a pipe-sharded buffer (a local row update)
     after     the last stage's buffer is the result: one extraction outside the loop
 
     bubble = (S - 1) / (M * R + S - 1)
@@ -95,24 +95,23 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatche
     def body(carry, t):
         state, outs, loop_back = carry
         recv = _on_stages(jnp.roll(state, 1, axis=0), axis, 0)  # stage s-1 -> s; S-1 -> 0
-        k = t - stage  # the item each stage works on
-        valid = (k >= 0) & (k < M * R)
+        k = t - stage  # the item each stage works on (bubble slots compute on stale rows, unread)
         first = jnp.broadcast_to(lax.dynamic_index_in_dim(xs, t % M, 0, keepdims=False), recv.shape)
         if loop_back is not None:
             # stage 0 files what the shift brought from the last stage (item t - S), then reads
             # the loop-back slot of the microbatch it starts now
-            came = t - S
-            keep = (stage == 0) & (came >= 0) & (came < M * R)
-            filed = lax.dynamic_update_index_in_dim(loop_back, recv, came % M, 1)
-            loop_back = _on_stages(jnp.where(_rows(keep, loop_back.ndim), filed, loop_back), axis, 0)
+            # (every stage files into its own slot: only stage 0's are read, and each slot is
+            # rewritten by its valid item before it is read, so no select over the buffer)
+            filed = lax.dynamic_update_index_in_dim(loop_back, recv, (t - S) % M, 1)
+            loop_back = _on_stages(filed, axis, 0)
             again = lax.dynamic_index_in_dim(loop_back, t % M, 1, keepdims=False)
             first = jnp.where(_rows(k >= M, recv.ndim), again, first)
         inputs = _on_stages(jnp.where(_rows(stage == 0, recv.ndim), first, recv), axis, 0)
         layer = jax.tree_util.tree_map(lambda p: _layer_of(p, k // M, R, axis), params)
         y = _on_stages(jax.vmap(stage_fn)(layer, inputs), axis, 0)
-        done = _rows((stage == S - 1) & valid, outs.ndim)
-        filed = lax.dynamic_update_index_in_dim(outs, y, (t - (S - 1)) % M, 1)
-        outs = _on_stages(jnp.where(done, filed, outs), axis, 0)
+        # every stage files its output in its own slot (only the last stage's are read; the last
+        # write of each slot is its final repeat's): one row block written, no select
+        outs = _on_stages(lax.dynamic_update_index_in_dim(outs, y, (t - (S - 1)) % M, 1), axis, 0)
         return (y, outs, loop_back), None
 
     ts = jnp.arange(sched.iterations, dtype=jnp.int32)

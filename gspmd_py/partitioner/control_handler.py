@@ -14,9 +14,15 @@ with the op inside the body that caused it.
 """
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 from jax import lax
 
+from .. import dtypes
 from .context import Ctx
+from .partial import MOVES, accumulate, join, reduce
+from .pvalue import Partial, PValue
 from .registry import handler
 from .reshard import reshard
 
@@ -37,10 +43,10 @@ class _BodyTrace:
         return False
 
 
-def _run(ctx: Ctx, graph, ins):
+def _run(ctx: Ctx, graph, ins, keep: frozenset = frozenset()):
     from .program import run_graph  # the driver imports this module
 
-    return run_graph(ctx, graph, ins)
+    return run_graph(ctx, graph, ins, keep)
 
 
 def _region_dims(op, plan):
@@ -69,19 +75,93 @@ def _scan(ctx: Ctx, op, plan, args):
     ((in_d, out_d),) = _region_dims(op, plan)
     consts = args[:nc]
     carry_dims = list(plan.results[:ncar])
+    kept = [accumulated(ctx, body, nc + j, j, carry_dims[j]) for j in range(ncar)]
+    keep = frozenset([body.outputs[j].id for j in range(ncar) if kept[j] is not None]
+                     + [v.id for v in body.outputs[ncar:]])  # ys may leave each iteration partial
 
     def step(carry, x):
         with _BodyTrace(ctx):
-            ins = list(consts) + _pvs(ctx, carry, body.inputs[nc:nc + ncar], carry_dims)
+            params = body.inputs[nc:nc + ncar]
+            ins = list(consts) + [ctx.pv(c, v.shape, d, p, v.dtype)
+                                  for c, v, d, p in zip(carry, params, carry_dims, kept)]
             ins += _pvs(ctx, x, body.inputs[nc + ncar:], in_d[nc + ncar:])
-            outs = _run(ctx, body, ins)
-            new = [reshard(ctx, o, d).x for o, d in zip(outs[:ncar], carry_dims)]
-            ys = [reshard(ctx, o, d).x for o, d in zip(outs[ncar:], out_d[ncar:])]
-        return new, ys
+            outs = _run(ctx, body, ins, keep)
+            new = [_settle(ctx, o, d, p).x for o, d, p in zip(outs[:ncar], carry_dims, kept)]
+            ys = [reshard(ctx, o, d, keep_partial=True) for o, d in zip(outs[ncar:], out_d[ncar:])]
+            stacked[:] = [(y.partial, y.dtype) for y in ys]  # per-iteration partials stack into one
+        return new, [y.x for y in ys]
 
-    carry, ys = lax.scan(step, [a.x for a in args[nc:nc + ncar]], [a.x for a in args[nc + ncar:]],
+    stacked: list = []  # (partial, logical dtype) of each ys slot, as the body traced them
+    init = [a.x if p is None else join(ctx, a.x, p, a.x.dtype) for a, p in zip(args[nc:nc + ncar], kept)]
+    carry, ys = lax.scan(step, init, [a.x for a in args[nc + ncar:]],
                          length=op.params["length"], reverse=op.params["reverse"], unroll=op.params.get("unroll", 1))
-    return _pvs(ctx, list(carry) + list(ys), op.outputs, plan.results)
+    outs = _pvs(ctx, list(carry) + list(ys), op.outputs, plan.results)
+    for j, p in enumerate(kept):
+        if p is not None:
+            outs[j] = ctx.pv(outs[j].x, outs[j].shape, outs[j].dims, p, outs[j].dtype)
+    for j, (p, dt) in enumerate(stacked):  # a ys slot partial in every iteration: reduced once, after
+        o = outs[ncar + j]
+        outs[ncar + j] = ctx.pv(o.x, o.shape, o.dims, Partial(p.axes, p.op), dt) if p is not None else o
+    return outs
+
+
+def accumulated(ctx: Ctx, body, i: int, j: int, dims) -> Optional[Partial]:
+    """The partial sum a scan carry stays in across iterations, or None.
+
+    A carry that only accumulates (its new value is ``carry + t``, the carry used nowhere
+    else; jax.grad's transposed scan sums weight gradients so) of a ``t`` that arrives as a
+    partial sum stays partial through the loop: the initial value joins as a partial (itself
+    on the first device, -0.0 elsewhere), each iteration adds its partial term locally, and
+    the sum is reduced once, where the loop's result is used, instead of once per iteration::
+
+        scan carry g [{}], body g' = add_any(g, dot(x{x}, dy{x}))   ->  g partial-sum(x):
+            no collective in the loop; one all-reduce over x after it
+
+    ``t``'s partial is predicted from its projection (a reduction factor's axes that its
+    sharding does not tile); the body checks it (``_settle``), so a wrong guess costs a
+    reduction, never a wrong answer."""
+    param, out = body.inputs[i], body.outputs[j]
+    add = out.producer
+    if add is None or add.prim not in ("add", "add_any") or param not in add.inputs or len(add.inputs) != 2:
+        return None
+    if sum(v is param for op in body.walk() for v in op.inputs) != 1 or param in body.outputs:
+        return None
+    if not dtypes.is_inexact(param.dtype) or accumulate(param.dtype, "sum") != np.dtype(param.dtype):
+        return None
+    t = add.inputs[1] if add.inputs[0] is param else add.inputs[0]
+    axes = _partial_axes(ctx, t)
+    tiled = {a for d in dims for a in d}
+    axes = tuple(a for a in axes if a not in tiled)
+    return Partial(axes, "sum") if axes else None
+
+
+def _partial_axes(ctx: Ctx, v) -> tuple[str, ...]:
+    """The axes ``v`` will be a partial sum over, as the projections say: the sharded reduction
+    factors of its producer and of the data movement / sums it went through (partial.py's
+    carried ops), back to the first op that does not carry a partial."""
+    axes: list[str] = []
+    op = v.producer
+    while op is not None and op.id in ctx.plans:
+        rule = ctx.rules[op.id]
+        if any(rule.factors[f].reduce not in ("", "sum") for f in rule.of_kind("reduction")):
+            return ()
+        axes += [a for a in ctx.plans[op.id].reduction_axes(rule) if a not in axes]
+        if op.prim not in MOVES or not op.inputs:
+            break
+        op = op.inputs[0].producer
+    want = {a for d in ctx.want.get(v.id, ()) for a in d}
+    return tuple(a for a in ctx.fine.names if a in axes and a not in want)
+
+
+def _settle(ctx: Ctx, pv: PValue, dims, p: Optional[Partial]) -> PValue:
+    """A body's carry output in the carry's layout, partial over exactly ``p`` (None: reduced)."""
+    if p is None:
+        return reshard(ctx, pv, dims)
+    out = reshard(ctx, pv, dims, keep_partial=True)
+    if out.partial == p:
+        return out
+    out = reduce(ctx, out)
+    return ctx.pv(join(ctx, out.x, p, out.x.dtype), out.shape, out.dims, p, out.dtype)
 
 
 def _while(ctx: Ctx, op, plan, args):

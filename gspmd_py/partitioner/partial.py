@@ -43,7 +43,7 @@ KEEP, REDUCE, TO_PARTIAL = "keep", "reduce", "to_partial"
 # ops exactly linear in all operands for sums (operands must all be partial over the same axes)
 _SUM_LINEAR_ALL = frozenset({"neg", "add", "sub", "real", "imag", "conj"})
 # unary data movement / identities: linear in operand 0 (other operands are shapes/scalars)
-_MOVES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
+MOVES = _MOVES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
                     "gspmd_tag", "gspmd_annotate", "gspmd_pipeline", "reduce_sum", "optimization_barrier_elementwise"})
 
 

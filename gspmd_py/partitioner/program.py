@@ -154,15 +154,17 @@ def _note_forced_gathers(ctx: Ctx, rule: OpRule, i: int, a: PValue, target: Fine
                              f"this op: sharded over {ctx.fine.label(lost)}, gathered whole")
 
 
-def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
+def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset = frozenset()) -> list[PValue]:
     """Partition ``graph``'s ops in order; returns its outputs as partitioned values.
 
-    Region handlers (scan/while/cond) call this recursively on their bodies.
+    Region handlers (scan/while/cond) call this recursively on their bodies. Outputs leave
+    reduced, except the values in ``keep`` (ids), which may stay partial (a scan's carried
+    accumulator, control_handler.py); a partial input stays partial.
     """
     want = ctx.want
     # a body's parameters take the sharding recorded for them (a no-op unless a loop's projection
     # chose another layout for the position than propagation gave the parameter)
-    env: dict[int, PValue] = {v.id: ctx.hold(v.id, reshard(ctx, pv, want.get(v.id, pv.dims)))
+    env: dict[int, PValue] = {v.id: ctx.hold(v.id, reshard(ctx, pv, want.get(v.id, pv.dims), keep_partial=True))
                               for v, pv in zip(graph.inputs, inputs)}
 
     def get(v) -> PValue:
@@ -175,7 +177,7 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue]) -> list[PValue]:
         return pv
 
     outer = ctx.current_op
-    final = {v.id for v in graph.outputs}  # a graph's outputs leave reduced, in their op's scope
+    final = {v.id for v in graph.outputs} - keep  # a graph's outputs leave reduced, in their op's scope
     for op in graph.ops:
         ctx.current_op = op_label(op)
         with jax.named_scope(op_scope(op)):
