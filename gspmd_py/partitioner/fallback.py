@@ -12,12 +12,17 @@ from .context import Ctx
 from .registry import handler
 
 
-@handler("replicated")
-def replicated(ctx: Ctx, op, rule, plan, args):
+def say_if_sharded(ctx: Ctx, op, how: str) -> None:
+    """Report the op as a replicated fallback when it moves or recomputes a sharded tensor."""
     sharded_in = any(any(a.dims) or a.partial is not None for a in ctx.incoming)
     sharded_out = any(any(ctx.want.get(v.id, ())) for v in op.outputs)
     if sharded_in or sharded_out:
-        ctx.fallback(f"{op.prim} has no partitioned form: computed replicated")
+        ctx.fallback(f"{op.prim} has no partitioned form: {how}")
+
+
+@handler("replicated")
+def replicated(ctx: Ctx, op, rule, plan, args):
+    say_if_sharded(ctx, op, "computed replicated")
     outs = op.primitive.bind(*[a.x for a in args], **op.params)
     outs = list(outs) if op.primitive.multiple_results else [outs]
     return [ctx.pv(o, v.shape, ((),) * v.rank) for o, v in zip(outs, op.outputs)]

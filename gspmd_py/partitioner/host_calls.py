@@ -32,6 +32,7 @@ from jax import lax
 
 from ..dtypes import additive_identity
 from .context import Ctx
+from .fallback import say_if_sharded
 from .registry import handler
 
 
@@ -72,10 +73,7 @@ class HostCall:
 
 @handler("pure_callback")
 def pure_callback(ctx: Ctx, op, rule, plan, args):
-    sharded_in = any(any(a.dims) or a.partial is not None for a in ctx.incoming)
-    sharded_out = any(any(ctx.want.get(v.id, ())) for v in op.outputs)
-    if sharded_in or sharded_out:
-        ctx.fallback(f"{op.prim} has no partitioned form: called once, by the first device, with whole values")
+    say_if_sharded(ctx, op, "called once, by the first device, with whole values")
     avals = tuple(op.params["result_avals"])
     call = HostCall(op.params["callback"], avals, f"jax.pure_callback at {op.source or 'op %d' % op.id}")
     ctx.host_calls.append(call)
