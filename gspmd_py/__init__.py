@@ -7,7 +7,7 @@
     print(f.plan(x, w).report())
 """
 from .errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshError, PartitionWarning, ShardingError,
-                     SpecError, TileAssignmentError, UnsupportedOpError)
+                     HardwareError, SpecError, TileAssignmentError, UnsupportedOpError)
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
 from .annotate import annotate, mesh_split, tag
@@ -24,6 +24,6 @@ __all__ = [
     "AnnotationError", "ArgumentError", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
     "ProgramMismatchError", "Rules", "Schedule", "pipeline",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
-    "ShardingError",
+    "ShardingError", "HardwareError",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
 ]
