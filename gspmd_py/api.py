@@ -35,6 +35,7 @@ from .ir import Graph, Op, Value
 from .layout import even_dims, own_mesh, staged_sharding
 from .mesh import Mesh
 from .plan import Plan
+from .partitioner.shaping import Shaping
 from .plancheck import check_same_program
 from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
 from .propagation import Propagation, Seed
@@ -48,7 +49,8 @@ Dims = tuple  # per tensor dim: a tuple of AxisRefs
 def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
                out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
-               boundary: bool = False, combine_threshold_bytes: Optional[int] = None) -> Plan:
+               boundary: bool = False, combine_threshold_bytes: Optional[int] = None,
+               shaping: Shaping = Shaping()) -> Plan:
     """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops are the annotations; ``in_dims``
     seeds the inputs themselves (in_shardings, or the layouts inputs arrive in; ``in_labels`` say
     which, for ``plan.explain``).
@@ -56,6 +58,7 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     ``boundary``: the jaxpr is a gp.spmd function's own (``Spmd._build``): its first annotate ops
     are the in_shardings of the inputs that have ``in_dims`` (dropped: the inputs are seeded
     instead) and each output is an annotate op of its own (the out_shardings, or unspecified).
+    ``shaping``: collectives shaped for a hardware (partitioner/shaping.py).
     """
     graph = trace_jaxpr(closed, mesh)
     n_in = len(graph.inputs)
@@ -91,6 +94,7 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     with outside_user_mesh(), own_mesh():
         extra = {} if combine_threshold_bytes is None else {"combine_threshold_bytes": combine_threshold_bytes}
+        extra["shaping"] = shaping
         return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
                     **extra)
 
@@ -156,7 +160,8 @@ class Spmd:
 
     def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None, *,
                  static_argnums=(), static_argnames=(), donate_argnums=(),
-                 combine_threshold_bytes: Optional[int] = None):
+                 combine_threshold_bytes: Optional[int] = None, hardware=None,
+                 collective_matmul_bytes: Optional[int] = None):
         if not isinstance(mesh, Mesh):
             raise ShardingError(f"gp.spmd needs a gp.Mesh, got {type(mesh).__name__}")
         if combine_threshold_bytes is not None and (not isinstance(combine_threshold_bytes, int)
@@ -166,6 +171,7 @@ class Spmd:
                                 f"got {combine_threshold_bytes!r}")
         self.fn, self.mesh = fn, mesh
         self.combine_threshold_bytes = combine_threshold_bytes
+        self.shaping = Shaping(hardware, collective_matmul_bytes)
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
         # bounded LRUs (PLAN_CACHE_SIZE = 64 keys each): entries by full call key, and the fast path's
@@ -265,8 +271,10 @@ class Spmd:
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
                           in_dims=in_dims, in_labels=labels,
                           out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
-                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes)
-        params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes)
+                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes,
+                          shaping=self.shaping)
+        params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes,
+                            shaping=self.shaping)
         return _Entry(closed, plan, params, out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
@@ -299,12 +307,20 @@ def _type_str(a) -> str:
 
 
 def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,
-         static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None):
+         static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None,
+         hardware=None, collective_matmul_bytes: Optional[int] = None):
     """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``.
 
     ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
     ``combine_threshold_bytes``: independent collectives of one kind over the same axes are
     issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
+    ``hardware`` (a gp.Hardware): collectives shaped for it: a reduction over devices that
+    span link levels becomes the cheapest reduce-scatter / all-reduce / all-gather program
+    over sub-groups (partitioner/hierarchy.py); without it the program is unchanged.
+    ``collective_matmul_bytes``: an all-gather feeding a dot, or a dot feeding a
+    reduce-scatter, becomes a ring of collective-permutes and partial dots when the looped
+    operand reaches this many bytes per device (0: always; None: when ``hardware``'s
+    overlapped schedule says it pays, never without one). partitioner/collective_matmul.py.
     """
     if fn is not None and not callable(fn):
         if isinstance(fn, Mesh) and mesh is None:
@@ -314,7 +330,8 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
     if mesh is None:
         raise ShardingError("gp.spmd needs mesh=gp.Mesh(...)")
     kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
-              combine_threshold_bytes=combine_threshold_bytes)
+              combine_threshold_bytes=combine_threshold_bytes, hardware=hardware,
+              collective_matmul_bytes=collective_matmul_bytes)
     if fn is None:
         return lambda f: Spmd(f, mesh, in_shardings, out_shardings, **kw)
     return Spmd(fn, mesh, in_shardings, out_shardings, **kw)
