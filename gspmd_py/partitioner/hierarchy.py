@@ -188,6 +188,26 @@ def all_reduce_sum(ctx, x, axes: tuple[str, ...]):
     return flat[:n].reshape(x.shape)
 
 
+def _scatter_candidates(ctx, syn: Synth, axes: tuple[str, ...], nbytes: int):
+    parts = list(_ordered_partitions(tuple(axes))) if len(axes) <= MAX_ATOMS else [(tuple(axes),)]
+    cands = []
+    for phases in parts:
+        steps, n = [], nbytes
+        for s in phases:
+            steps.append(("reduce-scatter", s, n))
+            n //= ctx.k(s)
+        cands.append((syn.price(steps), len(steps), (phases, steps)))
+    return cands
+
+
+def reduce_scatter_time(ctx, axes: tuple[str, ...], nbytes: int) -> float:
+    """Predicted seconds of the reduce-scatter ``reduce_scatter_sum`` would emit (ctx has a hardware)."""
+    syn = Synth(ctx)
+    if len(axes) < 2 or not syn.spans_levels(axes):
+        return syn.time("reduce-scatter", axes, nbytes)
+    return min(p for p, _, _ in _scatter_candidates(ctx, syn, axes, nbytes))
+
+
 def reduce_scatter_sum(ctx, x, axes: tuple[str, ...], dim: int):
     """psum_scatter of ``x`` over ``axes`` (tiled, ``axes`` major first) on ``dim``, as the
     cheapest ordered sequence of reduce-scatters over sub-groups of ``axes``."""
@@ -198,14 +218,7 @@ def reduce_scatter_sum(ctx, x, axes: tuple[str, ...], dim: int):
         return ctx.reduce_scatter(x, axes, dim)
     item = np.dtype(x.dtype).itemsize
     nbytes = int(x.size) * item
-    cands = []
-    parts = list(_ordered_partitions(tuple(axes))) if len(axes) <= MAX_ATOMS else [(tuple(axes),)]
-    for phases in parts:
-        steps, n = [], nbytes
-        for s in phases:
-            steps.append(("reduce-scatter", s, n))
-            n //= ctx.k(s)
-        cands.append((syn.price(steps), len(steps), (phases, steps)))
+    cands = _scatter_candidates(ctx, syn, tuple(axes), nbytes)
     phases, steps = _choose(cands)
     if len(phases) == 1:
         return ctx.reduce_scatter(x, axes, dim)
