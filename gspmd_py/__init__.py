@@ -16,6 +16,7 @@ from .rules import Rules, rules
 from .pipeline import Schedule, pipeline
 from .partitioner.context import Collective
 from .cost import Cost, Hardware, Link
+from .placement import Placement, rank_meshes
 from . import distributed
 from .distributed import to_host
 from .plancheck import ProgramMismatchError
@@ -24,6 +25,6 @@ __all__ = [
     "AnnotationError", "ArgumentError", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware", "Link", "Plan",
     "ProgramMismatchError", "Rules", "Schedule", "pipeline",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
-    "ShardingError", "HardwareError",
+    "ShardingError", "HardwareError", "Placement", "rank_meshes",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
 ]

@@ -203,3 +203,25 @@ def test_collective_matmul_threshold():
         jax.ShapeDtypeStruct((8192, 8192), np.float32), jax.ShapeDtypeStruct((8192, 8192), np.float32))
     assert [c.kind for c in big.collectives] == ["collective-permute"] * 3
     assert "predicted" in big.report()
+
+
+# -- placement ------------------------------------------------------------------------------------
+
+def test_rank_meshes(xw):
+    """The data axis's sum is the program's only collective: the best placement keeps data's
+    groups inside a node (data minor), and it runs as a gp.Mesh over those device ids."""
+    import jax
+
+    x, w = xw
+    S = jax.ShapeDtypeStruct
+    f = lambda x, w: (x @ w).sum(0)
+    ins = (P("data", None), P(None, "model"))
+    ranked = gp.rank_meshes(f, (4, 2), ("data", "model"), H100_4, S(x.shape, x.dtype), S(w.shape, w.dtype),
+                            in_shardings=ins)
+    assert [r.order for r in ranked] == [("model", "data"), ("data", "model")]
+    assert ranked[0].comm_s < ranked[1].comm_s
+    assert ranked[0].device_ids == (0, 4, 1, 5, 2, 6, 3, 7)
+    out = gp.spmd(f, ranked[0].mesh(), in_shardings=ins)(x, w)
+    np.testing.assert_allclose(np.asarray(out), f(x, w), rtol=1e-4, atol=1e-4)
+    with pytest.raises(gp.HardwareError):
+        gp.rank_meshes(f, (4, 2), ("data", "model"), "h100-node", x, w)
