@@ -9,6 +9,8 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``devices``: plan time against device count (abstract meshes, 8 to 8,192 devices)
 * ``profile``: cProfile of planning the largest program
 * ``index``: index math, NumPy twins vs Numba kernels (cold and warm), crossovers
+* ``hw``: collectives shaped for the hardware: predicted gains on GPU/TPU presets, the
+  DenseLm layer, mesh placements ranked, measured on 8 CPU devices (``hw.md``)
 
 ``--quick`` uses smaller inputs, fewer repeats and stops the size sweep at 32 blocks.
 Targets (issue 9) are printed next to the numbers; nothing here asserts them.
@@ -24,7 +26,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "hw")
 
 
 def _machine() -> str:
@@ -111,6 +113,11 @@ def main(argv=None) -> int:
 
         text = index_math.run(q)
         files["index_math.md"] = header + text
+
+    if "hw" in only:
+        from . import hardware
+
+        files["hw.md"] = header + hardware.run(q)
 
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w") as fh:

@@ -94,9 +94,29 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     with outside_user_mesh(), own_mesh():
         extra = {} if combine_threshold_bytes is None else {"combine_threshold_bytes": combine_threshold_bytes}
-        extra["shaping"] = shaping
-        return Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
-                    **extra)
+        plan = Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
+                    shaping=shaping, **extra)
+        if shaping.decides_matmul and any(s.kind == "matmul" for s in plan.ctx.shaped):
+            plan = _cheaper_without_matmul(plan, lambda s: Plan(name, mesh, graph, prop, in_tree, out_tree, in_names,
+                                                                 donate_argnums=tuple(donate_argnums), shaping=s,
+                                                                 **extra))
+        return plan
+
+
+def _cheaper_without_matmul(plan: Plan, build) -> Plan:
+    """The plan with its collective matmuls, or the one without them where the hardware's
+    overlapped schedule of the whole program says that is faster (partitioner/shaping.py)."""
+    hw = plan.shaping.hardware
+    alt = build(attrs.evolve(plan.shaping, matmul=False))
+    t, t_alt = plan.cost(hw, overlap=True).step_s, alt.cost(hw, overlap=True).step_s
+    n = sum(s.kind == "matmul" for s in plan.ctx.shaped)
+    if t_alt <= t:
+        alt.ctx.notes.append(f"collective matmul of {n} dot(s) not used: the program's overlapped step on {hw.name} "
+                             f"is {t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
+        return alt
+    plan.ctx.notes.append(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
+                          f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
+    return plan
 
 
 def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:

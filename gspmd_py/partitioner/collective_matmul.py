@@ -67,28 +67,38 @@ def _bidirectional(ctx: Ctx, axes) -> bool:
     return bool(levels) and all(lv.link.all_to_all == "ring" for lv in levels)
 
 
-def _pays(ctx: Ctx, kind: str, coll_bytes: int, looped: int, flops: float, dtype, p: int, axes) -> tuple[bool, float, float]:
-    """Whether to decompose, with (decomposed, plain) predicted seconds (nan without a hardware)."""
+def _pays(ctx: Ctx, kind: str, coll_bytes: int, looped: int, dot: tuple[float, int, int, int], dtype, p: int,
+          parts: int, axes) -> tuple[bool, float, float]:
+    """Whether to decompose, with (decomposed, plain) predicted seconds (nan without a hardware).
+
+    ``dot``: (flops, bytes of the looped operand whole, bytes of the other operand, bytes of
+    the result) of the plain dot; the decomposed one runs ``parts`` partial dots, each
+    reading the whole other operand (the cost model's time per equation: max of FLOPs at
+    peak and bytes at memory bandwidth, plus a launch)."""
     hw, thr = ctx.shaping.hardware, ctx.shaping.collective_matmul_bytes
     if hw is None:
         return thr is not None and looped >= thr, float("nan"), float("nan")
     refs = ctx.fine.coarse(axes)
-    t_dot = flops / hw.peak(dtype)
+    flops, whole, other, result = dot
+    t_dot = max(flops / hw.peak(dtype), (whole + other + result) / hw.mem_bandwidth) + hw.op_overhead
+    t_part = max(flops / parts / hw.peak(dtype), (whole / parts + other + 2 * result / parts) / hw.mem_bandwidth)
+    t_part += hw.op_overhead
     if kind == "reduce-scatter":  # the plain program's reduce-scatter, phased where that is cheaper
         t_coll = hierarchy.reduce_scatter_time(ctx, tuple(axes), coll_bytes)
     else:
         t_coll = hw.collective_time(kind, coll_bytes, ctx.fine.mesh, refs)
-    plain = t_coll + t_dot + hw.op_overhead
-    step = hw.collective_time("collective-permute", looped, ctx.fine.mesh, refs)
-    # p partial dots, each after the last permute, beside the next one; p more kernels place or add the parts
-    ovl = t_dot / p + hw.op_overhead + (p - 1) * max(t_dot / p + hw.op_overhead, step) + p * hw.op_overhead
+    plain = t_coll + t_dot
+    per_step = parts // p
+    step = per_step * hw.collective_time("collective-permute", looped // per_step, ctx.fine.mesh, refs)
+    # a step's partial dots beside the permutes feeding the next step; the first step's dots wait for nothing
+    ovl = per_step * t_part + (p - 1) * max(per_step * t_part, step)
     if thr is not None:
         return looped >= thr, ovl, plain
     return ovl < plain, ovl, plain
 
 
 def _record(ctx: Ctx, what: str, chosen: str, t: float, plain: float) -> None:
-    rec = Shaped(ctx.current_op, what, chosen, t, plain)
+    rec = Shaped(ctx.current_op, what, chosen, t, plain, "matmul")
     if rec not in ctx.shaped:
         ctx.shaped.append(rec)
 
@@ -135,7 +145,7 @@ def looped_operand(op, args, targets) -> Optional[tuple[int, int, tuple[str, ...
 
 
 def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional[list[PValue]]:
-    if op.prim != "dot_general" or any(a.partial is not None for a in args):
+    if op.prim != "dot_general" or not ctx.shaping.matmul or any(a.partial is not None for a in args):
         return None
     found = looped_operand(op, args, targets)
     if found is None:
@@ -156,10 +166,13 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
     contract = math.prod(other_local[k] for k in (rc if i == 0 else lc))
     out_full = ctx.local_shape(out.shape, plan.results[0])
     flops = 2.0 * math.prod(out_full) * contract
-    go, t, plain = _pays(ctx, "all-gather", shard, shard, flops, a.x.dtype, p, axes)
+    bidir = _bidirectional(ctx, axes) and c >= 2
+    other_bytes = int(math.prod(other_local)) * np.dtype(args[j].x.dtype).itemsize
+    out_bytes = int(math.prod(out_full)) * np.dtype(out.dtype).itemsize
+    go, t, plain = _pays(ctx, "all-gather", shard, shard, (flops, shard * p, other_bytes, out_bytes), a.x.dtype, p,
+                         2 * p if bidir else p, axes)
     if not go:
         return None
-    bidir = _bidirectional(ctx, axes) and c >= 2
     xj = reshard(ctx, args[j], targets[j], keep_partial=False)
     red = plan.reduction_axes(rule)
     xa = a.x
@@ -231,7 +244,7 @@ def scattered_dim(ctx: Ctx, op, rule, plan, args) -> Optional[tuple[int, int, in
 
 
 def dot_reduce_scatter(ctx: Ctx, op, rule, plan, args) -> Optional[list[PValue]]:
-    found = scattered_dim(ctx, op, rule, plan, args)
+    found = scattered_dim(ctx, op, rule, plan, args) if ctx.shaping.matmul else None
     if found is None:
         return None
     i, d, od = found
@@ -250,7 +263,9 @@ def dot_reduce_scatter(ctx: Ctx, op, rule, plan, args) -> Optional[list[PValue]]
     looped = int(math.prod(full)) * np.dtype(acc_dtype).itemsize
     contract = math.prod(xl.shape[k] for k in lc)
     flops = 2.0 * math.prod(full) * p * contract
-    go, t, plain = _pays(ctx, "reduce-scatter", looped * p, looped, flops, xl.dtype, p, axes)
+    sizes = [int(x.size) * np.dtype(x.dtype).itemsize for x in (xl, xr)]
+    go, t, plain = _pays(ctx, "reduce-scatter", looped * p, looped, (flops, sizes[i], sizes[1 - i], looped * p),
+                         xl.dtype, p, p, axes)
     if not go:
         return None
     xs = [xl, xr]

@@ -10,7 +10,10 @@ A ``Shaping`` is a value the plan carries (Ctx.shaping). Without a hardware and 
 * ``collective_matmul_bytes``: an all-gather feeding a dot, or a dot feeding a
   reduce-scatter, becomes a ring of collective-permutes and partial dots (collective_matmul.py)
   when the looped operand reaches this many bytes per device (0: always); ``None``: when
-  the hardware's overlapped schedule says it pays (never without a hardware).
+  the hardware's overlapped schedule says it pays (never without a hardware): each dot is
+  decomposed where its own overlapped steps beat the collective and the dot, then the
+  whole program is priced (``plan.cost(hw, overlap=True)``) with and without them, and
+  the cheaper kept (a plain all-gather of a weight may already hide behind earlier work).
 
 Each choice is recorded as a ``Shaped`` (op, what, the chosen program, its predicted price
 and the plain program's): ``plan.report()`` prints them.
@@ -42,10 +45,16 @@ def _hardware(inst, attr, value) -> None:
 class Shaping:
     hardware: Optional[object] = attrs.field(default=None, validator=_hardware)  # gp.Hardware
     collective_matmul_bytes: Optional[int] = attrs.field(default=None, validator=_threshold)
+    matmul: bool = True  # False: no collective matmul (the plan compared against, api.plan_jaxpr)
 
     @property
     def active(self) -> bool:
         return self.hardware is not None or self.collective_matmul_bytes is not None
+
+    @property
+    def decides_matmul(self) -> bool:
+        """Collective matmul left to the cost model: the whole program is priced both ways."""
+        return self.hardware is not None and self.collective_matmul_bytes is None and self.matmul
 
 
 @attrs.frozen
@@ -59,6 +68,7 @@ class Shaped:
     chosen: str
     seconds: float
     plain_seconds: float
+    kind: str = "reduction"  # or "matmul" (collective_matmul.py)
 
     def __str__(self) -> str:
         if self.seconds != self.seconds:  # no hardware: forced by collective_matmul_bytes
