@@ -12,6 +12,8 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``loops``: a scanned stack vs the same layers unrolled (collectives per iteration, per call);
   gp.pipeline vs data parallelism, predicted on a GPU preset
 * ``auto``: gp.auto_shard's plan against hand-written ones (predicted, measured), DenseLm on TPU v3
+* ``hw``: collectives shaped for the hardware: predicted gains on GPU/TPU presets, the
+  DenseLm layer, mesh placements ranked, measured on 8 CPU devices (``hw.md``)
 
 ``--quick`` uses smaller inputs, fewer repeats and stops the size sweep at 32 blocks.
 Targets (issue 9) are printed next to the numbers; nothing here asserts them.
@@ -27,7 +29,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops", "hw")
 
 
 def _machine() -> str:
@@ -124,6 +126,11 @@ def main(argv=None) -> int:
         from . import auto
 
         files["auto.md"] = header + auto.run(q)
+
+    if "hw" in only:
+        from . import hardware
+
+        files["hw.md"] = header + hardware.run(q)
 
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w") as fh:

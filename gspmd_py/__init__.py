@@ -7,7 +7,7 @@
     print(f.plan(x, w).report())
 """
 from .errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshError, PartitionWarning, ShardingError,
-                     SpecError, TileAssignmentError, UnsupportedOpError)
+                     HardwareError, SpecError, TileAssignmentError, UnsupportedOpError)
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
 from .annotate import annotate, mesh_split, tag
@@ -16,6 +16,7 @@ from .rules import Rules, rules
 from .pipeline import Schedule, pipeline
 from .partitioner.context import Collective
 from .cost import Cost, Hardware, Link
+from .placement import Placement, rank_meshes
 from . import distributed
 from .distributed import to_host
 from .plancheck import ProgramMismatchError
@@ -29,6 +30,6 @@ __all__ = [
     "Link", "MemoryLimitError", "Plan", "ProgramMismatchError", "Rules", "Schedule", "TacticError", "auto_shard",
     "pipeline", "tactics",
     "distributed", "to_host", "Spmd", "rules", "spmd", "Mesh", "MeshError", "P", "PartitionWarning", "Sharding",
-    "ShardingError",
+    "ShardingError", "HardwareError", "Placement", "rank_meshes",
     "SpecError", "TileAssignmentError", "UnsupportedOpError", "annotate", "mesh_split", "tag",
 ]

@@ -35,6 +35,7 @@ from .ir import Graph, Op, Value
 from .layout import even_dims, own_mesh, staged_sharding
 from .mesh import Mesh
 from .plan import Plan
+from .partitioner.shaping import Shaping
 from .plancheck import check_same_program
 from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
 from .propagation import Propagation, Seed
@@ -49,7 +50,7 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
                out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
                boundary: bool = False, combine_threshold_bytes: Optional[int] = None, tactics: Sequence = (),
-               leaves=None, args_tree=None) -> Plan:
+               leaves=None, args_tree=None, shaping: Shaping = Shaping()) -> Plan:
     """Plan a closed jaxpr over ``mesh``: its ``gp.annotate`` ops are the annotations; ``in_dims``
     seeds the inputs themselves (in_shardings, or the layouts inputs arrive in; ``in_labels`` say
     which, for ``plan.explain``).
@@ -57,6 +58,7 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     ``boundary``: the jaxpr is a gp.spmd function's own (``Spmd._build``): its first annotate ops
     are the in_shardings of the inputs that have ``in_dims`` (dropped: the inputs are seeded
     instead) and each output is an annotate op of its own (the out_shardings, or unspecified).
+    ``shaping``: collectives shaped for a hardware (partitioner/shaping.py).
     """
     graph = trace_jaxpr(closed, mesh)
     n_in = len(graph.inputs)
@@ -101,8 +103,28 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     with outside_user_mesh(), own_mesh():
         extra = {} if combine_threshold_bytes is None else {"combine_threshold_bytes": combine_threshold_bytes}
         plan = Plan(name, mesh, graph, prop, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
-                    **extra)
+                    shaping=shaping, **extra)
+        if shaping.decides_matmul and any(s.kind == "matmul" for s in plan.ctx.shaped):
+            plan = _cheaper_without_matmul(plan, lambda s: Plan(name, mesh, graph, prop, in_tree, out_tree, in_names,
+                                                                 donate_argnums=tuple(donate_argnums), shaping=s,
+                                                                 **extra))
     plan.tactics = log
+    return plan
+
+
+def _cheaper_without_matmul(plan: Plan, build) -> Plan:
+    """The plan with its collective matmuls, or the one without them where the hardware's
+    overlapped schedule of the whole program says that is faster (partitioner/shaping.py)."""
+    hw = plan.shaping.hardware
+    alt = build(attrs.evolve(plan.shaping, matmul=False))
+    t, t_alt = plan.cost(hw, overlap=True).step_s, alt.cost(hw, overlap=True).step_s
+    n = sum(s.kind == "matmul" for s in plan.ctx.shaped)
+    if t_alt <= t:
+        alt.ctx.notes.append(f"collective matmul of {n} dot(s) not used: the program's overlapped step on {hw.name} "
+                             f"is {t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
+        return alt
+    plan.ctx.notes.append(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
+                          f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
     return plan
 
 
@@ -167,7 +189,8 @@ class Spmd:
 
     def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None, *,
                  static_argnums=(), static_argnames=(), donate_argnums=(),
-                 combine_threshold_bytes: Optional[int] = None, tactics=None):
+                 combine_threshold_bytes: Optional[int] = None, tactics=None, hardware=None,
+                 collective_matmul_bytes: Optional[int] = None):
         from .tactics import check_tactics
 
         if not isinstance(mesh, Mesh):
@@ -179,6 +202,7 @@ class Spmd:
                                 f"got {combine_threshold_bytes!r}")
         self.fn, self.mesh = fn, mesh
         self.combine_threshold_bytes = combine_threshold_bytes
+        self.shaping = Shaping(hardware, collective_matmul_bytes)
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self.tactics = check_tactics(tactics)
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
@@ -287,8 +311,9 @@ class Spmd:
                           in_dims=in_dims, in_labels=labels,
                           out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
                           donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes,
-                          tactics=self.tactics, leaves=leaves, args_tree=args_tree)
-        params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes)
+                          tactics=self.tactics, leaves=leaves, args_tree=args_tree, shaping=self.shaping)
+        params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes,
+                            shaping=self.shaping)
         return _Entry(closed, plan, params, out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
@@ -322,7 +347,7 @@ def _type_str(a) -> str:
 
 def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,
          static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None,
-         tactics=None):
+         tactics=None, hardware=None, collective_matmul_bytes: Optional[int] = None):
     """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``.
 
     ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
@@ -330,6 +355,13 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
     issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
     ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/tactics.py),
     each deciding the shardings over the mesh axes it names.
+    ``hardware`` (a gp.Hardware): collectives shaped for it: a reduction over devices that
+    span link levels becomes the cheapest reduce-scatter / all-reduce / all-gather program
+    over sub-groups (partitioner/hierarchy.py); without it the program is unchanged.
+    ``collective_matmul_bytes``: an all-gather feeding a dot, or a dot feeding a
+    reduce-scatter, becomes a ring of collective-permutes and partial dots when the looped
+    operand reaches this many bytes per device (0: always; None: when ``hardware``'s
+    overlapped schedule says it pays, never without one). partitioner/collective_matmul.py.
     """
     if fn is not None and not callable(fn):
         if isinstance(fn, Mesh) and mesh is None:
@@ -339,7 +371,8 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
     if mesh is None:
         raise ShardingError("gp.spmd needs mesh=gp.Mesh(...)")
     kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
-              combine_threshold_bytes=combine_threshold_bytes, tactics=tactics)
+              combine_threshold_bytes=combine_threshold_bytes, tactics=tactics, hardware=hardware,
+              collective_matmul_bytes=collective_matmul_bytes)
     if fn is None:
         return lambda f: Spmd(f, mesh, in_shardings, out_shardings, **kw)
     return Spmd(fn, mesh, in_shardings, out_shardings, **kw)

@@ -39,3 +39,7 @@ class UnsupportedOpError(ShardingError):
 
 class PartitionWarning(UserWarning):
     """An op was computed replicated (involuntary full rematerialization)."""
+
+
+class HardwareError(ShardingError):
+    """A gp.Hardware asked for something its topology does not have, or a bad hardware option."""

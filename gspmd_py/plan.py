@@ -22,7 +22,9 @@ from .partitioner.fine_mesh import FineMesh
 from .partitioner.host_calls import raise_failures
 from .partitioner.program import boundary_out_dims, build_body, fine_plan, op_label, warn_fallbacks
 from .partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
+from .partitioner.hierarchy import link_refs
 from .partitioner.records import collect
+from .partitioner.shaping import Shaping
 from .partitioner.pvalue import ceil_div
 from .propagation import Propagation
 from .sharding import Sharding
@@ -35,7 +37,7 @@ class Plan:
 
     def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, in_tree, out_tree,
                  in_names: list[str], donate_argnums: tuple[int, ...] = (),
-                 combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES):
+                 combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, shaping: Shaping = Shaping()):
         self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
         self.donate_argnums = tuple(donate_argnums)  # flat input indices, passed to jax.jit
         self.combine_threshold_bytes = combine_threshold_bytes
@@ -44,8 +46,11 @@ class Plan:
         refs = [a for s in self._shardings.values() for a in s.used_axes]
         refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
         check_tag_names(graph, fn_name)
+        self.shaping = shaping
+        if shaping.hardware is not None:  # mesh axes crossing a node boundary, split there (hierarchy.py)
+            refs += link_refs(mesh, shaping.hardware, refs)
         self.fine = FineMesh.build(mesh, refs)
-        self.ctx = Ctx(self.fine)
+        self.ctx = Ctx(self.fine, shaping)
         self._build()
 
     # -- building -----------------------------------------------------------------

@@ -57,10 +57,12 @@ class SpmdParams:
     in_hints: Optional[tuple] = None  # per input: canonical dims (tuples of AxisRefs) or None
     plan: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
     combine_threshold_bytes: Optional[int] = None  # the combiner's group size limit (None: its default)
+    shaping: Any = None  # partitioner.shaping.Shaping: collectives shaped for a hardware (None: none)
 
     def derive(self, in_hints: Optional[Sequence] = None) -> "SpmdParams":
         hints = None if in_hints is None or all(h is None for h in in_hints) else tuple(in_hints)
-        return SpmdParams(self.mesh, self.name, True, hints, combine_threshold_bytes=self.combine_threshold_bytes)
+        return SpmdParams(self.mesh, self.name, True, hints, combine_threshold_bytes=self.combine_threshold_bytes,
+                          shaping=self.shaping)
 
     def hints(self, n: int) -> list:
         return list(self.in_hints) if self.in_hints is not None else [None] * n
@@ -120,7 +122,8 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
     n = len(jaxpr.in_avals)
     return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""),
                       in_dims=spmd.hints(n), in_labels=[f"the layout input {i} arrives in" for i in range(n)],
-                      combine_threshold_bytes=spmd.combine_threshold_bytes)
+                      combine_threshold_bytes=spmd.combine_threshold_bytes,
+                      **({} if spmd.shaping is None else {"shaping": spmd.shaping}))
 
 
 def out_layouts(plan) -> list:

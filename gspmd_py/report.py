@@ -88,6 +88,9 @@ def notes(plan) -> list[str]:
         lines.append(f"REPLICATED FALLBACK at {fb.op}: {fb.reason}")
     for note in ctx.notes:
         lines.append(f"note: {note}")
+    for shaped in ctx.shaped:
+        lines.append(f"shaped for {ctx.shaping.hardware.name if ctx.shaping.hardware else 'collective_matmul_bytes'}: "
+                     f"{shaped}")
     for c in plan.collectives:
         if c.op.startswith("combined:"):
             lines.append(f"combined {coll_text(c)}: {c.op[len('combined: '):]}")

@@ -20,6 +20,14 @@ runs in phases, one per level, the data shrinking by each level's ``p`` on the w
     >>> round(t * 1e6, 1)   # 2 * (7 us + 7/8 * 8 MiB / 100 GB/s) + 2 * (30 us + 3/4 * 1 MiB / 10 GB/s)
     378.1
 
+That is ``algorithm="hierarchical"`` (the runtime phases the collective itself). Under
+``algorithm="ring"`` (NCCL) one collective over several levels is one ring over all ``p``
+devices, paced by the slowest link (largest alpha, smallest beta)::
+
+    >>> t = collective_time("all-reduce", 8 * 2**20, [Level(8, nv), Level(4, ib)], "ring")
+    >>> round(t * 1e6, 1)   # 2 * (31 * 10 us + 31/32 * 8 MiB / 10 GB/s)
+    2245.3
+
 A permute pays the slowest level its pairs cross. ``bytes_per_device`` is what a record of
 ``plan.collectives`` holds: an all-gather's shard, the buffer of the others.
 """
@@ -47,9 +55,19 @@ def _a2a(p: int, b: float, link: Link) -> float:
     return (p - 1) * alpha + (p - 1) / p * b / beta * factor
 
 
-def collective_time(kind: str, bytes_per_device: int, levels: Sequence[Level]) -> float:
-    """Seconds for one collective of ``kind`` whose record holds ``bytes_per_device``."""
+def collective_time(kind: str, bytes_per_device: int, levels: Sequence[Level],
+                    algorithm: str = "hierarchical") -> float:
+    """Seconds for one collective of ``kind`` whose record holds ``bytes_per_device``, over
+    ``levels`` run as ``algorithm`` says ("hierarchical": one phase per level; "ring": one
+    ring over every device, paced by the slowest link)."""
     levels = [lv for lv in levels if lv.p > 1]
+    if algorithm == "ring" and len(levels) > 1 and kind in ("all-gather", "reduce-scatter", "all-reduce"):
+        p = 1
+        for lv in levels:
+            p *= lv.p
+        ab = [lv.link.for_kind(kind) for lv in levels]
+        slow = Link(max(a for a, _ in ab), min(b for _, b in ab))
+        levels = [Level(p, slow)]
     if not levels or bytes_per_device == 0 and kind != "all-reduce":
         return 0.0
     p = 1

@@ -32,8 +32,23 @@ devices that share the other coordinates form its group; the group's ids decide 
   device moves 2 links' worth, shared by the cores of a chip).
 * ``Hardware.calibrate(mesh)``: one measured link per mesh axis (``PerAxis``).
 
-Levels are ordered fastest first: a multi-level collective is done in phases (reduce-scatter
-on the fastest level first, so the slow levels carry the least data).
+Levels are ordered fastest first. How ONE collective over a multi-level group runs is the
+runtime's choice, and the Hardware says which it assumes (``algorithm``):
+
+* ``"ring"`` (the GPU presets): NCCL's ring over all the group's devices, paced by its
+  slowest link (``(p-1) alpha_slow + (p-1)/p n / beta_slow`` per ring pass). A partitioner
+  that wants the phased program emits it as separate collectives over sub-groups
+  (``gp.spmd(..., hardware=hw)``: partitioner/hierarchy.py), each priced on its own level.
+* ``"hierarchical"`` (the TPU presets, calibrated hardware): the runtime runs phases
+  itself, one per level (reduce-scatter on the fastest level first, so the slow levels
+  carry the least data), as TPU collectives do over the dimensions of the torus.
+
+``Hardware.preset("h100-node", node_size=4)`` changes a switched preset's devices per node
+(8 CPU devices then stand for 2 nodes of 4)::
+
+    >>> hw = Hardware.preset("h100-node", node_size=4)
+    >>> [(lv.p, lv.link.name) for lv in hw.levels(Mesh.abstract((2, 4), ("node", "gpu")), ("node", "gpu"))]
+    [(4, 'nvlink'), (2, 'network')]
 """
 from __future__ import annotations
 
@@ -44,7 +59,7 @@ from typing import Mapping, Optional, Sequence, Union
 import attrs
 import numpy as np
 
-from ..errors import ShardingError
+from ..errors import HardwareError, ShardingError
 from ..mesh import Mesh
 
 GiB = 2 ** 30
@@ -175,6 +190,9 @@ class Hardware:
     conv_efficiency: float = 1.0  # fraction of the matmul rate that convolutions reach
     op_overhead: float = 0.0  # seconds per kernel launched (each materialized result)
     step_overhead: float = 0.0  # seconds per program execution (launching it on every device)
+    # one collective over a group spanning link levels: "ring" (paced by the slowest link, as
+    # NCCL's ring) or "hierarchical" (the runtime runs one phase per level); module docstring
+    algorithm: str = attrs.field(default="hierarchical", validator=attrs.validators.in_(("ring", "hierarchical")))
 
     # -- rates -----------------------------------------------------------------------
     def peak(self, dtype) -> float:
@@ -198,14 +216,38 @@ class Hardware:
             out = topo.levels_of(group_ids(mesh, axes), mesh.size)
         return sorted((lv for lv in out if lv.p > 1), key=lambda lv: -lv.link.beta)
 
+    def collective_time(self, kind: str, bytes_per_device: int, mesh: Mesh, axes: Sequence) -> float:
+        """Seconds of one collective over ``axes`` of ``mesh`` (sub-axes allowed) as this hardware
+        runs it: its levels, under the ``algorithm`` it assumes for a multi-level group."""
+        from .collectives import collective_time
+
+        return collective_time(kind, bytes_per_device, self.levels(mesh, axes), self.algorithm)
+
+    def is_flat(self, mesh: Mesh, axes: Sequence) -> bool:
+        """True when a collective over ``axes`` stays on one link level (nothing to decompose)."""
+        return len(self.levels(mesh, axes)) <= 1
+
     # -- construction ----------------------------------------------------------------
     @staticmethod
-    def preset(name: str) -> "Hardware":
-        """One of ``PRESETS``: "tpu-v3", "tpu-v4", "a100-node", "h100-node"."""
+    def preset(name: str, node_size: Optional[int] = None) -> "Hardware":
+        """One of ``PRESETS``: "tpu-v3", "tpu-v4", "a100-node", "h100-node".
+
+        ``node_size``: devices per node of a switched preset (GPU nodes; default 8), so a
+        test's 8 CPU devices can stand for 2 nodes of 4."""
         try:
-            return PRESETS[name]
+            hw = PRESETS[name]
         except KeyError:
             raise ShardingError(f"unknown hardware preset {name!r}; presets: {sorted(PRESETS)}") from None
+        if node_size is None:
+            return hw
+        if not isinstance(node_size, int) or isinstance(node_size, bool) or node_size < 1:
+            raise HardwareError(f"Hardware.preset({name!r}, node_size={node_size!r}): node_size must be a "
+                                f"positive int (devices per node)")
+        if not isinstance(hw.topology, Switched) or hw.topology.node_size is None:
+            raise HardwareError(f"Hardware.preset({name!r}, node_size={node_size}): only switched presets have "
+                                f"nodes ({sorted(k for k, v in PRESETS.items() if isinstance(v.topology, Switched))}); "
+                                f"{name!r} is a {type(hw.topology).__name__.lower()}")
+        return attrs.evolve(hw, name=f"{name}/{node_size}", topology=attrs.evolve(hw.topology, node_size=node_size))
 
     @staticmethod
     def calibrate(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
@@ -281,7 +323,7 @@ _A100 = Hardware(
     "a100-node", (("bfloat16", 312e12), ("float16", 312e12), ("float32", 156e12), ("float64", 19.5e12)),
     vector_flops=19.5e12, mem_bandwidth=2039e9, mem_capacity=80 * GiB,
     topology=Switched(Link(3e-6, 300e9, "nvlink"), Link(8e-6, 25e9, "network"), node_size=8),
-    op_overhead=3e-6,
+    op_overhead=3e-6, algorithm="ring",
 )
 # DGX H100 (NVIDIA H100 Tensor Core GPU datasheet; DGX H100 user guide): H100 SXM5 80GB,
 # 989 TFLOP/s bf16/f16 dense, 494 TF32, 67 TFLOP/s f32 vector, HBM3 3.35 TB/s; NVLink4
@@ -291,7 +333,7 @@ _H100 = Hardware(
     "h100-node", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12), ("float64", 67e12)),
     vector_flops=67e12, mem_bandwidth=3.35e12, mem_capacity=80 * GiB,
     topology=Switched(Link(3e-6, 450e9, "nvlink"), Link(8e-6, 50e9, "network"), node_size=8),
-    op_overhead=3e-6,
+    op_overhead=3e-6, algorithm="ring",
 )
 
 PRESETS: Mapping[str, Hardware] = {"tpu-v3": _TPU_V3, "tpu-v4": _TPU_V4, "a100-node": _A100, "h100-node": _H100}

@@ -8,7 +8,10 @@ Everything is read from the plan's own records, never from JAX's execution:
   range — ``i = c0; while i < c1: i += s`` — else ``while_trips``, said in ``notes``),
   ``cond``: the costliest branch.
 * ``plan.collectives``: every collective (kind, axes, bytes), priced over the links that
-  ``hw`` gives its axes (collectives.py). A combined collective is one record: one alpha.
+  ``hw`` gives its axes (collectives.py), as the runtime runs it (``hw.algorithm``: one
+  flat all-reduce over NVLink and the network is one ring paced by the network; the phased
+  program is priced as phases only when the plan holds its phases as collectives). A
+  combined collective is one record: one alpha.
 
 Time per equation: ``max(flops / peak, bytes / mem_bandwidth)`` (+ ``op_overhead`` per
 kernel, ``step_overhead`` per step); ``step_serial_s`` = compute + communication; ``step_overlap_s`` = a schedule of
@@ -38,7 +41,7 @@ from jax.extend.core import Literal
 
 from ..partitioner.context import Collective
 from ..partitioner.records import KIND, sub_jaxprs
-from .collectives import collective_time, sent_bytes
+from .collectives import sent_bytes
 from .counting import COLLECTIVES, FREE, eqn_flops, is_alias
 from .fusion import Fusion
 from .hardware import Hardware
@@ -228,7 +231,7 @@ class _Walker:
         key = (c.kind, c.axes, c.bytes_per_device)
         t = self._levels.get(key)
         if t is None:
-            t = self._levels[key] = collective_time(c.kind, c.bytes_per_device, self.hw.levels(self.plan.mesh, c.axes))
+            t = self._levels[key] = self.hw.collective_time(c.kind, c.bytes_per_device, self.plan.mesh, c.axes)
         return t
 
     def eqn_time(self, eqn, fusion: Fusion) -> tuple[float, float, float, float]:

@@ -17,6 +17,7 @@ from jax import lax
 
 from .fine_mesh import FineMesh
 from .pvalue import FineDims, Partial, PValue, ceil_div, local_shape, shards
+from .shaping import Shaped, Shaping
 
 
 @attrs.frozen
@@ -64,8 +65,11 @@ class Fallback:
 
 
 class Ctx:
-    def __init__(self, fine: FineMesh):
+    def __init__(self, fine: FineMesh, shaping: Shaping = Shaping()):
         self.fine = fine
+        self.shaping = shaping  # collectives shaped for a hardware (shaping.py); Shaping(): today's program
+        self.shaped: list[Shaped] = []  # the collectives it shaped, for plan.report()
+        self.prices: dict = {}  # hierarchy.py's memo of collective prices
         self.sizes = fine.size_of
         self.fallbacks: list[Fallback] = []
         self.notes: list[str] = []

@@ -5,6 +5,9 @@
                                                     all-reduce when a consumer needs the sum)
     [M,K]{-,y} @ [K,N]{y,-} -> [M,N]{-,y}          local dot + reduce-scatter over y
 
+With ``collective_matmul_bytes`` or a hardware, a dot whose sum is wanted reduce-scattered
+runs as a ring of partial dots and permutes of the accumulator (collective_matmul.py).
+
 Padding rows of uneven contracting dims are zeroed on both sides. float16 partial sums
 are computed in float32 (``preferred_element_type``) and cast after the all-reduce; a bool
 dot's contraction is an OR (the rule's reduction(or)).
@@ -14,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes
+from . import collective_matmul
 from .context import Ctx
 from .pvalue import Partial
 from .registry import handler
@@ -21,6 +25,10 @@ from .registry import handler
 
 @handler("dot")
 def dot(ctx: Ctx, op, rule, plan, args):
+    if ctx.shaping.active:  # the sum wanted reduce-scattered: a ring of partial dots (collective_matmul.py)
+        looped = collective_matmul.dot_reduce_scatter(ctx, op, rule, plan, args)
+        if looped is not None:
+            return looped
     lhs, rhs = args
     (lc, rc), _ = op.params["dimension_numbers"]
     red = plan.reduction_axes(rule)

@@ -20,6 +20,10 @@ Not mul or div by a value computed at run time (c * (a1 + a2) != c*a1 + c*a2 whe
 inf and a2 is 0), not dot (the same 0 * inf), not a narrowing convert (float16 sums
 overflow), not reduce_precision. Those reduce first.
 
+Given a hardware (``gp.spmd(..., hardware=hw)``), a sum over axes that span link levels is
+reduced by the cheapest program of reduce-scatters, an all-reduce and all-gathers over
+sub-groups (hierarchy.py); still one reduction of the partial, whatever its collectives.
+
 Sums are accumulated in ``dtypes.accumulation_dtype`` (float16 in float32) and cast after
 the all-reduce. Max/min all-reduces propagate NaN (XLA's CPU all-reduce does not): floats
 are mapped to order-preserving integer keys with NaN at the extreme, reduced as integers
@@ -36,6 +40,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
+from . import hierarchy
 from .pvalue import Partial, PValue
 
 KEEP, REDUCE, TO_PARTIAL = "keep", "reduce", "to_partial"
@@ -137,7 +142,7 @@ def all_reduce(ctx, x, axes: Sequence[str], op: str, dtype):
     if op == "sum":
         if dtypes.is_bool(x.dtype):
             return ctx.all_reduce(x.astype(jnp.uint8), axes, "max").astype(dtype)
-        return ctx.all_reduce(x, axes, "sum").astype(dtype)
+        return hierarchy.all_reduce_sum(ctx, x, axes).astype(dtype)
     if op in ("max", "min"):
         return _nan_aware(ctx, x, axes, op).astype(dtype)
     if op == "pick":  # one device holds each element, the others zero bits: sum the bits
@@ -184,7 +189,7 @@ def _nan_aware(ctx, x, axes, op: str):
 def reduce_scatter(ctx, x, axes: Sequence[str], op: str, dtype, dim: int):
     """Reduce over ``axes`` leaving each device its block of ``dim`` (tiled over ``axes``)."""
     if op == "sum" and not dtypes.is_bool(x.dtype):
-        return ctx.reduce_scatter(x, tuple(axes), dim).astype(dtype)
+        return hierarchy.reduce_scatter_sum(ctx, x, tuple(axes), dim).astype(dtype)
     full = all_reduce(ctx, x, axes, op, dtype)
     c = full.shape[dim] // ctx.k(axes)
     return lax.dynamic_slice_in_dim(full, ctx.index(axes) * c, c, axis=dim)

@@ -11,6 +11,9 @@ the mesh axes, hence each operand's and result's sharding. The driver
 3. reshards each result to the sharding propagation chose for the value (a partial may
    stay partial until a consumer needs the reduced value).
 
+With ``collective_matmul_bytes`` or a hardware (shaping.py), a dot whose operand would be
+all-gathered runs as a ring of permutes and partial dots instead (collective_matmul.py).
+
 Each op's emission runs under ``jax.named_scope("op<id>")``, so every equation of the
 program, collectives included, names the op that caused it (records.py reads that).
 At the boundary, uneven inputs arrive padded to whole shards and uneven outputs leave with
@@ -32,7 +35,7 @@ from ..errors import PartitionWarning
 from ..ir import Graph, Op
 from ..ops.rule import NEED_REPLICATION, OpRule
 from ..propagation.projection import Projection
-from . import registry
+from . import collective_matmul, registry
 from .context import Ctx
 from .fine_mesh import FineMesh
 from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept
@@ -96,6 +99,12 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
     empty = empty_results(ctx, op, plan)
     if empty is not None:
         return empty
+    if ctx.shaping.active and rule.handler == "dot":  # an all-gather feeding the dot, as a ring
+        targets = [operand_target(rule, i, a, plan.operands[i]) for i, a in enumerate(args)]
+        looped = collective_matmul.all_gather_dot(ctx, op, rule, plan, args, targets, reshard)
+        if looped is not None:
+            ctx.seen_operands[op.id] = tuple(targets)
+            return looped
     modes, carried = carry_modes(op, args)
     xs = []
     for i, (a, mode) in enumerate(zip(args, modes)):
