@@ -183,3 +183,24 @@ def test_chain_sweep():
         with open(path, "w") as fh:
             json.dump({"chains": done, "mismatches": len(bad), "first": bad[:50]}, fh, indent=1)
     assert not bad, f"{len(bad)} of {done} chains differ:\n" + "\n".join(bad[:10])
+
+
+@pytest.mark.parametrize("mesh_i", [0, 1, 2])
+@pytest.mark.parametrize("n", [8, 13])
+def test_slices_and_zero_pads_carry_a_partial_sum(mesh_i, n):
+    """slice and pad-with-zeros are linear: a partial sum passes through them (the transposes of
+    slicing in a gradient) and is reduced once, where it is needed whole."""
+    shape, names = chains.SWEEP_MESHES[mesh_i]
+    mesh = gp.Mesh(shape, names)
+    ax = names[-1]
+
+    def f(x):
+        s = x.sum(0)  # partial over ax
+        y = jax.lax.pad(s[1:-1], jnp.zeros((), s.dtype), [(2, 1, 0), (0, 0, 0)])
+        return gp.annotate(y * 2.0, P(None, None))
+
+    x = ints((16, n, 5))
+    x[3, 1, 2] = -0.0
+    plan = compare(f, mesh, (x,), (P(ax, None, None),))
+    assert len(reductions(plan)) == 1, plan.report()
+    assert not [c for c in plan.collectives if c.kind == "all-gather"], plan.report()

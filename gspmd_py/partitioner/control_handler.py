@@ -121,36 +121,58 @@ def accumulated(ctx: Ctx, body, i: int, j: int, dims) -> Optional[Partial]:
     sharding does not tile); the body checks it (``_settle``), so a wrong guess costs a
     reduction, never a wrong answer."""
     param, out = body.inputs[i], body.outputs[j]
-    add = out.producer
-    if add is None or add.prim not in ("add", "add_any") or param not in add.inputs or len(add.inputs) != 2:
-        return None
     if sum(v is param for op in body.walk() for v in op.inputs) != 1 or param in body.outputs:
         return None
     if not dtypes.is_inexact(param.dtype) or accumulate(param.dtype, "sum") != np.dtype(param.dtype):
         return None
-    t = add.inputs[1] if add.inputs[0] is param else add.inputs[0]
-    axes = _partial_axes(ctx, t)
+    terms = _sum_terms(out, param)
+    if not terms or param not in terms:
+        return None
+    axes = set()
+    for t in terms:
+        if t is not param:
+            axes |= set(_partial_axes(ctx, t))
     tiled = {a for d in dims for a in d}
-    axes = tuple(a for a in axes if a not in tiled)
+    axes = tuple(a for a in ctx.fine.names if a in axes and a not in tiled)
     return Partial(axes, "sum") if axes else None
 
 
-def _partial_axes(ctx: Ctx, v) -> tuple[str, ...]:
-    """The axes ``v`` will be a partial sum over, as the projections say: the sharded reduction
-    factors of its producer and of the data movement / sums it went through (partial.py's
-    carried ops), back to the first op that does not carry a partial."""
-    axes: list[str] = []
+def _sum_terms(v, param, depth: int = 8) -> list:
+    """The terms of ``v`` as a tree of add / add_any ops (``[v]`` itself when it is no sum)."""
     op = v.producer
-    while op is not None and op.id in ctx.plans:
-        rule = ctx.rules[op.id]
-        if any(rule.factors[f].reduce not in ("", "sum") for f in rule.of_kind("reduction")):
-            return ()
-        axes += [a for a in ctx.plans[op.id].reduction_axes(rule) if a not in axes]
-        if op.prim not in MOVES or not op.inputs:
-            break
-        op = op.inputs[0].producer
+    if v is param or op is None or op.prim not in ("add", "add_any") or depth <= 0:
+        return [v]
+    return [t for x in op.inputs for t in _sum_terms(x, param, depth - 1)]
+
+
+def _partial_axes(ctx: Ctx, v, depth: int = 12) -> tuple[str, ...]:
+    """The axes ``v`` will be a partial sum over, as the projections say: the sharded reduction
+    factors of its producer and of what it carries a partial through (partial.py's moves,
+    slices, zero pads; sums and selects of several partial terms), minus the axes ``v``'s
+    own sharding tiles."""
+    axes = _reduced_into(ctx, v, depth)
     want = {a for d in ctx.want.get(v.id, ()) for a in d}
     return tuple(a for a in ctx.fine.names if a in axes and a not in want)
+
+
+_SUMS = frozenset({"add", "add_any", "sub", "select_n"})
+
+
+def _reduced_into(ctx: Ctx, v, depth: int) -> set[str]:
+    op = v.producer
+    if op is None or op.id not in ctx.plans or depth <= 0:
+        return set()
+    rule = ctx.rules[op.id]
+    if any(rule.factors[f].reduce not in ("", "sum") for f in rule.of_kind("reduction")):
+        return set()
+    axes = set(ctx.plans[op.id].reduction_axes(rule))
+    if op.prim in MOVES or op.prim in ("slice", "pad"):
+        axes |= _reduced_into(ctx, op.inputs[0], depth - 1) if op.inputs else set()
+    elif op.prim in _SUMS:
+        terms = op.inputs[1:] if op.prim == "select_n" else op.inputs
+        for t in terms:
+            axes |= _reduced_into(ctx, t, depth - 1)
+    return axes
 
 
 def _settle(ctx: Ctx, pv: PValue, dims, p: Optional[Partial]) -> PValue:

@@ -12,7 +12,8 @@ that are exactly linear on every value, inf and NaN included, in a dtype where t
 
     neg, add/sub of two sums over the same axes, add_any (AD's cotangent sums: a
     non-partial operand joins as "the value on the first device, -0.0 elsewhere"),
-    select_n on its value operands, data movement (transpose, reshape, broadcast, copy),
+    select_n on its value operands, data movement (transpose, reshape, broadcast, copy,
+    slice, and pad with a constant zero: the transposes of slicing in a gradient),
     reduce_sum, float -> wider float converts, and mul / div by a plan-time constant that
     is finite (and nonzero, as a divisor).
 
@@ -69,6 +70,10 @@ def carry_modes(op, args: Sequence[PValue]) -> tuple[list[str], Optional[Partial
     prim = op.prim
     if prim in _MOVES:
         return ([KEEP] + [REDUCE] * (len(args) - 1), p) if idx == [0] else reduce_all
+    if prim == "slice" and idx == [0]:  # data movement: slice(a1 + a2) = slice(a1) + slice(a2)
+        return [KEEP], p
+    if prim == "pad" and idx == [0] and _is_zero(op.inputs[1]):  # zero padding on every device sums to 0
+        return [KEEP, REDUCE], p
     if prim == "convert_element_type":
         src, dst = np.dtype(op.inputs[0].dtype), np.dtype(op.outputs[0].dtype)
         widening = dtypes.is_float(src) and dtypes.is_float(dst) and dst.itemsize >= src.itemsize and (
@@ -103,6 +108,11 @@ def settle_kept(ctx, xs: list[PValue], modes: list[str]) -> tuple[list[str], Opt
     for i in kept:
         xs[i] = reduce(ctx, xs[i])
     return [REDUCE] * len(modes), None
+
+
+def _is_zero(v) -> bool:
+    """A plan-time constant +0 or -0 (a sum of zeros is that zero on every device count)."""
+    return v.const is not None and bool(np.all(np.asarray(v.const) == 0))
 
 
 def _safe_factor(v, divisor: bool) -> bool:
