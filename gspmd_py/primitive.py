@@ -117,7 +117,7 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
     """The Plan of an spmd_call: the one the user's call built, or a fresh one (derived programs)."""
     if spmd.plan is not None:
         return spmd.plan
-    from .api import plan_jaxpr
+    from .compiler import plan_jaxpr
 
     n = len(jaxpr.in_avals)
     return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""),
