@@ -111,7 +111,7 @@ _pad_cast = jax.jit(_pad_cast_impl, static_argnums=(1, 2, 3))
 
 
 def place_global(plan, leaves: list) -> list:
-    """Multi-process ``boundary.place``: each leaf as a global array in the plan's input sharding.
+    """Multi-process ``Boundary.place``: each leaf as a global array in the plan's input sharding.
 
     A leaf this process can address fully (numpy, a scalar, a local jax.Array) is the full
     global value, the same on every process; a jax.Array spread over processes is global.
@@ -122,7 +122,7 @@ def place_global(plan, leaves: list) -> list:
         raise MeshError(f"process {jax.process_index()} holds no device of {plan.mesh}: on a multi-process run "
                         f"every process must hold devices of the mesh")
     out = []
-    names = getattr(plan, "_in_names", None) or [f"arg{i}" for i in range(len(leaves))]
+    names = plan.in_names
     for x, v, shp, spec, name in zip(leaves, plan.graph.inputs, plan.padded_in_shapes, plan.in_specs, names):
         target = NamedSharding(plan.jax_mesh, spec)
         what = f"argument {name} {v.type_str}"

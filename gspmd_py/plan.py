@@ -12,16 +12,16 @@ from jax.extend.core.primitives import jit_p
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from .boundary import boundary_of, place
+from .boundary import Boundary
 from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
-from .layout import boundary_sharding
+from .layout import boundary_sharding, staged_sharding
 from .mesh import Mesh
 from .partitioner.context import Collective
 from .partitioner.host_calls import raise_failures
 from .partitioner.program import boundary_out_dims
 from .partitioner.combine import DEFAULT_THRESHOLD_BYTES
-from .partitioner.pvalue import ceil_div
+from .partitioner.pvalue import FineDims, ceil_div
 from .propagation import Propagation
 from .sharding import Sharding
 
@@ -44,9 +44,49 @@ class Plan:
         self._collectives = tuple(collectives)
         self._build(partitioned.in_dims, partitioned.out_dims)
 
-    # -- building -----------------------------------------------------------------
-    def _fdims(self, v: Value):
+    # -- what the views, the boundary and the primitive read -------------------------
+    @property
+    def in_names(self) -> tuple[str, ...]:
+        """The inputs' names (``arg0``, ``arg1['w']``...), one per flat input."""
+        return tuple(self._in_names)
+
+    def sharding(self, v: Value) -> Sharding:
+        """The sharding propagation chose for value ``v`` of ``self.graph``."""
+        return self._shardings[v.id]
+
+    def fine_dims(self, v: Value) -> FineDims:
+        """``v``'s sharding over the fine mesh (per dim its fine mesh axes)."""
         return self.fine.fine_dims(self._shardings[v.id].dims)
+
+    @property
+    def out_fine_dims(self) -> tuple[FineDims, ...]:
+        """The outputs' layouts as the program returns them (an uneven output's, evened)."""
+        return tuple(self._out_fdims)
+
+    @property
+    def jitted(self):
+        """The ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
+        return self._jitted
+
+    @property
+    def traced(self):
+        """``self.jitted`` traced once at the padded input shapes (``jax.stages.Traced``)."""
+        return self._traced
+
+    @property
+    def boundary(self):
+        """How arguments enter the program (boundary.Boundary), built on first use."""
+        if self._boundary is None:
+            self._boundary = Boundary.of(self)
+        return self._boundary
+
+    def staged_out_shardings(self) -> tuple:
+        """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's
+        layout): how an output leaves the program staged into a caller's trace."""
+        if self._staged_out is None:
+            self._staged_out = tuple(staged_sharding(self, d, f"output {i} {v.type_str}")
+                                     for i, (v, d) in enumerate(zip(self.graph.outputs, self._out_fdims)))
+        return self._staged_out
 
     def _build(self, in_dims, out_dims) -> None:
         """The executable: the boundary specs and shapes, the jit of the program, traced once."""
@@ -67,6 +107,8 @@ class Plan:
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)
         self._compiled = None
+        self._boundary = None
+        self._staged_out = None
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
@@ -161,14 +203,14 @@ class Plan:
         return self._compiled
 
     def place(self, leaves):
-        return place(self, leaves)
+        return self.boundary.place(leaves)
 
     def run(self, leaves):
         if self.ctx.host_calls:  # waited for, so that a failed callback is raised here, as itself
             with raise_failures(self.ctx.host_calls, self.fn_name):
-                outs = jax.block_until_ready(boundary_of(self).call(self._compiled or self.compiled(), leaves))
+                outs = jax.block_until_ready(self.boundary.call(self._compiled or self.compiled(), leaves))
         else:
-            outs = boundary_of(self).call(self._compiled or self.compiled(), leaves)
+            outs = self.boundary.call(self._compiled or self.compiled(), leaves)
         return jax.tree_util.tree_unflatten(self._out_tree, outs)
 
 

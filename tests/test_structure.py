@@ -111,3 +111,24 @@ def test_no_private_name_imported_from_another_module():
     found = [f"{m} imports {name} from {t}" for m in MODULES for t, name in _imports(m)
              if name.startswith("_") and not name.startswith("__")]
     assert found == []
+
+
+def _plan_uses(pattern: str) -> list[str]:
+    import re
+
+    rx = re.compile(pattern)
+    out = []
+    for mod, path in MODULES.items():
+        if mod == f"{PKG}.plan":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            out += [f"{mod}:{i} {m.group(0)}" for m in rx.finditer(line)]
+    return out
+
+
+def test_no_module_reads_a_plans_private_fields():
+    assert _plan_uses(r"\b(?:plan|p|self\.plan|self\._plan)\.(_[a-z]\w*)") == []
+
+
+def test_no_module_stores_attributes_on_a_plan():
+    assert _plan_uses(r"\b(?:plan|self\.plan|self\._plan)\.\w+\s*=(?!=)") == []
