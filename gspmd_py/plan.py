@@ -1,6 +1,6 @@
 """A Plan: everything gspmd_py decided for one function and one set of input shapes.
 
-    plan = f.plan(x, w)          # trace -> propagate -> partition; runs nothing
+    plan = f.plan(x, w)          # compiler.py's passes: trace -> ... -> index; runs nothing
     plan.sharding_of("hidden"), plan.collectives, plan.report(), plan.spmd_text()
 """
 from __future__ import annotations
