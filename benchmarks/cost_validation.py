@@ -6,7 +6,7 @@ Every config (benchmarks/cost_programs.py) is planned, compiled and given its in
 Then ``--rounds`` rounds each run every calibration probe of ``gp.Hardware.calibrate``
 (gspmd_py/cost/calibrate.py) once and every config once, so that the machine's load
 (shared cores) hits the calibration and the programs alike. Each round's probes give a
-hardware (``Calibrator.fit(round=r)``) that prices every plan (``plan.cost(hw)``) for that
+hardware (``Hardware.from_measured(Calibrator.fit(round=r))``) that prices every plan (``plan.cost(hw)``) for that
 round; a config's measured and predicted times are the medians over the rounds. The
 compute and communication columns use the hardware fitted from the probes' medians. The
 script prints measured and predicted times, Spearman's rank correlation, the median relative error and
@@ -73,11 +73,11 @@ def main(argv=None) -> dict:
             t0 = time.perf_counter()
             jax.block_until_ready(exe(*placed))
             times.append(time.perf_counter() - t0)
-    hw = cal.fit("this host")
+    hw = gp.Hardware.from_measured(cal.fit("this host"))
     load1 = os.getloadavg()
     # each round's step times are paired with the hardware fitted from that round's probes
     # (taken seconds apart, under the same load); a config's prediction is its median
-    hws = [cal.fit("this host", round=r) for r in range(args.rounds)]
+    hws = [gp.Hardware.from_measured(cal.fit("this host", round=r)) for r in range(args.rounds)]
     meas, pred, rows = [], [], []
     for cfg, plan, exe, placed, times in runs:
         c = plan.cost(hw)

@@ -22,7 +22,7 @@ from jax.interpreters import ad, batching, mlir
 
 from .errors import AnnotationError, SpecError
 from .mesh import Mesh
-from .sharding import _entries, spec_of
+from .sharding import entry_axes, spec_of
 
 try:  # source locations in messages should point at the user's code, not at gspmd_py's
     import os as _os
@@ -46,7 +46,7 @@ def _norm_spec(spec) -> tuple:
         if e == OPEN:
             out.append(OPEN)
             continue
-        names = tuple(str(a) for a in _entries(e))
+        names = tuple(str(a) for a in entry_axes(e))
         out.append(names)
     return tuple(out)
 

@@ -21,8 +21,7 @@ import jax
 import numpy as np
 from jax import core as jcore
 
-from .errors import ArgumentError
-from .specs import short_repr
+from .errors import ArgumentError, short_repr
 
 _SCALARS = (bool, int, float, complex)
 

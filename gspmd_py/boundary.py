@@ -20,7 +20,7 @@ no more than ``jax.jit`` does:
 On a multi-process run (``jax.distributed``) every input is placed by
 ``global_inputs.place_global`` (each process transfers only the shards its devices hold).
 
-    b = boundary_of(plan)                     # built once per plan
+    b = plan.boundary                         # built once per plan (Boundary.of(plan))
     outs = b.call(plan.compiled(), leaves)    # flat list of output jax.Arrays
 """
 from __future__ import annotations
@@ -75,8 +75,8 @@ class Boundary:
             glob = lambda leaves: place_global(ref(), list(leaves))  # noqa: E731
         return cls([NamedSharding(plan.jax_mesh, spec) for spec in plan.in_specs],
                    [v.shape for v in plan.graph.inputs], plan.padded_in_shapes,
-                   [v.dtype for v in plan.graph.inputs], glob, plan._traced.jaxpr,
-                   tuple(getattr(plan, "donate_argnums", ())), plan._in_names, plan.fn_name)
+                   [v.dtype for v in plan.graph.inputs], glob, plan.traced.jaxpr,
+                   tuple(plan.donate_argnums), list(plan.in_names), plan.fn_name)
 
     # -- per call --------------------------------------------------------------------
     def call(self, executable: Callable, leaves: Sequence[Any]):
@@ -208,19 +208,6 @@ def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np
 
     pads = [(0, p - n) for n, p in zip(shape, padded_shape)]
     return jax.jit(lambda v: jnp.pad(v.astype(dtype), pads), out_shardings=target)
-
-
-def place(plan, leaves) -> list:
-    """Each input leaf as a global jax.Array in the plan's input sharding (uneven dims padded)."""
-    return boundary_of(plan).place(leaves)
-
-
-def boundary_of(plan) -> Boundary:
-    """The plan's Boundary, built on first use."""
-    b: Optional[Boundary] = getattr(plan, "_boundary", None)
-    if b is None:
-        b = plan._boundary = Boundary.of(plan)
-    return b
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ processes (gloo on CPU, NCCL on GPU, ICI/DCN on TPU). Nothing here moves data it
 Run locally with ``python -m gspmd_py.launch -n 2 --devices-per-process 4 script.py``
 (see ``gspmd_py/launch.py``); on a cluster, under the cluster's launcher (SLURM, Open MPI,
 Kubernetes, Cloud TPU: ``jax.distributed.initialize()`` auto-detection, or the
-``GSPMD_PY_*`` variables below).
+``GSPMD_PY_*`` variables of launch_env.py).
 """
 from __future__ import annotations
 
@@ -26,14 +26,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-# Environment variables read by ``initialize`` (set by ``python -m gspmd_py.launch``).
-ENV_COORDINATOR = "GSPMD_PY_COORDINATOR"          # "host:port" of process 0's coordinator
-ENV_NUM_PROCESSES = "GSPMD_PY_NUM_PROCESSES"
-ENV_PROCESS_ID = "GSPMD_PY_PROCESS_ID"
-ENV_INIT_TIMEOUT = "GSPMD_PY_INIT_TIMEOUT"        # seconds to wait for every process to connect
-ENV_HEARTBEAT_TIMEOUT = "GSPMD_PY_HEARTBEAT_TIMEOUT"  # seconds before a silent process counts as dead
-ENV_CPU_COLLECTIVES = "GSPMD_PY_CPU_COLLECTIVES"  # "gloo" (default) or "mpi"
-ENV_LAUNCHER_PID = "GSPMD_PY_LAUNCHER_PID"        # this process dies when that one does (Linux)
+from .errors import SpecError
+from .launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,  # noqa: F401
+                         ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID, launcher_hint)  # re-exported
+from .sharding import Sharding
 
 _NO_CLUSTER = "coordinator_address should be defined"  # jax's message when nothing was detected
 
@@ -88,23 +84,6 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     if exit_on_error and jax.process_count() > 1:
         sys.excepthook = _exit_after(sys.excepthook)
     return True
-
-
-def launcher_hint() -> Optional[str]:
-    """What to do when this process was started by ``python -m gspmd_py.launch`` with other
-    processes but JAX's distributed runtime is not up (so it sees only its own devices); None
-    otherwise. Mesh errors about too few devices say this instead of suggesting XLA_FLAGS."""
-    n = os.environ.get(ENV_NUM_PROCESSES, "")
-    if not n.isdigit() or int(n) <= 1:
-        return None
-    import jax
-
-    if jax.distributed.is_initialized():
-        return None
-    rank = os.environ.get(ENV_PROCESS_ID, "?")
-    return (f"this is process {rank} of {n} started by python -m gspmd_py.launch, but gp.distributed.initialize() "
-            f"was not called, so it sees only its own {len(jax.local_devices())} devices: call "
-            f"gp.distributed.initialize() at the start of the script, before any other JAX work")
 
 
 def _die_with(parent: int) -> None:
@@ -174,6 +153,31 @@ def axes_spanning_processes(mesh) -> tuple[str, ...]:
     return tuple(out)
 
 
+def held_shards(mesh, spec, rank: int, what: str) -> list[tuple[int, int, int]]:
+    """Per dim ``(a, b, k)``: this process's devices hold shards ``a..b-1`` of the ``k`` shards
+    that ``spec`` cuts the dim into (SpecError when they are not one run of shards)."""
+    import jax
+
+    try:
+        s = spec if isinstance(spec, Sharding) else Sharding(mesh, spec, what=what)
+        s = s.with_rank(rank, what)
+    except SpecError as e:
+        msg = str(e)
+        raise SpecError(msg if msg.startswith(what) else f"{what}: {msg}") from None
+    mine = process_of_devices(mesh).reshape(-1) == jax.process_index()
+    if not mine.any():
+        raise SpecError(f"{what}: this process holds no device of {mesh}; every process must hold part of it")
+    idx = s.shard_index()[mine]
+    out = []
+    for d in range(rank):
+        held = sorted(set(idx[:, d].tolist()))
+        if held != list(range(held[0], held[-1] + 1)):
+            raise SpecError(f"{what}: this process holds shards {held} of dim {d}, not one block; "
+                            f"pass the full global array instead of local data")
+        out.append((held[0], held[-1] + 1, s.shards[d]))
+    return out
+
+
 def local_slices(mesh, spec, shape: Sequence[int]) -> tuple[slice, ...]:
     """The block of a global ``shape`` array sharded by ``spec`` over ``mesh`` that this process
     holds: index a global array with it to get what ``f.from_local`` expects.
@@ -182,9 +186,12 @@ def local_slices(mesh, spec, shape: Sequence[int]) -> tuple[slice, ...]:
         >>> gp.distributed.local_slices(gp.Mesh((2, 4), ("x", "y")), gp.P("x", None), (7, 3))  # one process
         (slice(0, 7, None), slice(0, 3, None))
     """
-    from .global_inputs import local_slices as _local_slices
-
-    return _local_slices(mesh, spec, shape)
+    what = f"local_slices of {tuple(shape)} under {spec}"
+    out = []
+    for n, (a, b, k) in zip(shape, held_shards(mesh, spec, len(shape), what)):
+        step = -(-n // k)
+        out.append(slice(min(a * step, n), min(b * step, n)))
+    return tuple(out)
 
 
 def to_host(tree):

@@ -43,3 +43,13 @@ class PartitionWarning(UserWarning):
 
 class HardwareError(ShardingError):
     """A gp.Hardware asked for something its topology does not have, or a bad hardware option."""
+
+
+def short_repr(x, limit: int = 80) -> str:
+    """``repr(x)`` cut to ``limit`` characters (messages never print a 3,000-character model)."""
+    try:
+        r = repr(x)
+    except Exception:  # pragma: no cover - a broken __repr__ must not hide the real error
+        r = f"<{type(x).__name__}>"
+    r = " ".join(r.split())
+    return r if len(r) <= limit else r[: limit - 5] + " ...>"

@@ -29,7 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from .distributed import held_shards
 from .errors import ShardingError, SpecError
+from .plancheck import check_same_program
+from .specs import leaf_aval, leaf_specs
 
 
 def leaf_names(args: tuple) -> list[str]:
@@ -108,7 +111,7 @@ _pad_cast = jax.jit(_pad_cast_impl, static_argnums=(1, 2, 3))
 
 
 def place_global(plan, leaves: list) -> list:
-    """Multi-process ``boundary.place``: each leaf as a global array in the plan's input sharding.
+    """Multi-process ``Boundary.place``: each leaf as a global array in the plan's input sharding.
 
     A leaf this process can address fully (numpy, a scalar, a local jax.Array) is the full
     global value, the same on every process; a jax.Array spread over processes is global.
@@ -119,7 +122,7 @@ def place_global(plan, leaves: list) -> list:
         raise MeshError(f"process {jax.process_index()} holds no device of {plan.mesh}: on a multi-process run "
                         f"every process must hold devices of the mesh")
     out = []
-    names = getattr(plan, "_in_names", None) or [f"arg{i}" for i in range(len(leaves))]
+    names = plan.in_names
     for x, v, shp, spec, name in zip(leaves, plan.graph.inputs, plan.padded_in_shapes, plan.in_specs, names):
         target = NamedSharding(plan.jax_mesh, spec)
         what = f"argument {name} {v.type_str}"
@@ -134,43 +137,6 @@ def place_global(plan, leaves: list) -> list:
             block = block.astype(v.dtype)
         out.append(block_to_global(block, (0,) * len(shp), v.shape, shp, target, v.dtype))
     return out
-
-
-def held_shards(mesh, spec, rank: int, what: str) -> list[tuple[int, int, int]]:
-    """Per dim ``(a, b, k)``: this process's devices hold shards ``a..b-1`` of the ``k`` shards
-    that ``spec`` cuts the dim into (SpecError when they are not one run of shards)."""
-    from .distributed import process_of_devices
-    from .sharding import Sharding
-
-    try:
-        s = spec if isinstance(spec, Sharding) else Sharding(mesh, spec, what=what)
-        s = s.with_rank(rank, what)
-    except SpecError as e:
-        msg = str(e)
-        raise SpecError(msg if msg.startswith(what) else f"{what}: {msg}") from None
-    mine = process_of_devices(mesh).reshape(-1) == jax.process_index()
-    if not mine.any():
-        raise SpecError(f"{what}: this process holds no device of {mesh}; every process must hold part of it")
-    idx = s.shard_index()[mine]
-    out = []
-    for d in range(rank):
-        held = sorted(set(idx[:, d].tolist()))
-        if held != list(range(held[0], held[-1] + 1)):
-            raise SpecError(f"{what}: this process holds shards {held} of dim {d}, not one block; "
-                            f"pass the full global array instead of local data")
-        out.append((held[0], held[-1] + 1, s.shards[d]))
-    return out
-
-
-def local_slices(mesh, spec, shape: Sequence[int]) -> tuple[slice, ...]:
-    """The block of a ``shape`` array, sharded by ``spec`` over ``mesh``, that this process
-    holds: what ``f.from_local`` expects it to pass (shards of ceil(n/k), the tail short)."""
-    what = f"local_slices of {tuple(shape)} under {spec}"
-    out = []
-    for n, (a, b, k) in zip(shape, held_shards(mesh, spec, len(shape), what)):
-        step = -(-n // k)
-        out.append(slice(min(a * step, n), min(b * step, n)))
-    return tuple(out)
 
 
 def _global_shape_guess(mesh, spec, local_shape: tuple, what: str) -> tuple:
@@ -195,16 +161,13 @@ def _global_shapes(global_shapes, args: tuple, n: int) -> list:
 
 def from_local(spmd, local_args: tuple, global_shapes=None):
     """Run ``spmd`` on arguments given as this process's blocks (see the module docstring)."""
-    from .plancheck import check_same_program
-    from .specs import _aval, _broadcast_specs
-
     leaves, tree = jax.tree_util.tree_flatten(tuple(local_args))
     names = leaf_names(tuple(local_args))
-    specs = _broadcast_specs(spmd.in_shardings, tuple(local_args), "in_shardings")
+    specs = [ls.spec for ls in leaf_specs(spmd.in_shardings, tuple(local_args), "in_shardings")]
     given = _global_shapes(global_shapes, tuple(local_args), len(leaves))
     avals = []
     for i, x in enumerate(leaves):
-        a = _aval(x, i)
+        a = leaf_aval(x, i)
         what = f"from_local: argument {names[i]}"
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             avals.append(a)  # already global (e.g. the previous step's output): used as it is

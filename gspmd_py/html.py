@@ -105,7 +105,7 @@ def shown_values(plan) -> list[tuple[str, str, Value, str]]:
             seen.add(v.id)
             out.append((label, kind, v, source))
 
-    for name, v in zip(plan._in_names, plan.graph.inputs):
+    for name, v in zip(plan.in_names, plan.graph.inputs):
         add(name, "input", v)
     for op in plan.graph.walk():
         if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
@@ -169,12 +169,12 @@ MAX_BOUNDARY_CARDS = 16  # more inputs + outputs than this (a model's parameters
 
 
 def _card(plan, label, kind, v, source) -> str:
-    s = plan._shardings[v.id]
+    s = plan.sharding(v)
     explain = plan.prop.explain(v, label)
     src = f' <span class="src">at {_e(source)}</span>' if source else ""
     return (f'<div class="card value"><div class="kind">{_e(kind)}{src}</div><h3 class="mono">{_e(label)}</h3>'
             f'<div><span class="badge mono">{_e(v.type_str)}</span><span class="badge mono">'
-            f'{_e(s.shardy())}</span><span class="badge mono">local {_e(rep._local(plan, v))}</span></div>'
+            f'{_e(s.shardy())}</span><span class="badge mono">local {_e(rep.local_text(plan, v))}</span></div>'
             f'<div class="mono meta">{_e(str(s))}</div>'
             f'{svg_grid(tile_grid(s, v.shape))}<pre class="explain">{_e(explain)}</pre></div>')
 
@@ -202,9 +202,9 @@ def _values(plan) -> str:
     out.append('<table class="boundary"><thead><tr><th>value</th><th>global</th><th>sharding</th><th>local</th>'
                '<th>GSPMD</th><th>why</th></tr></thead><tbody>')
     for label, kind, v, _ in edge:
-        s = plan._shardings[v.id]
+        s = plan.sharding(v)
         out.append(f'<tr><td class="m">{_e(label)}</td><td class="m">{_e(v.type_str)}</td><td class="m">'
-                   f'{_e(s.shardy())}</td><td class="m">{_e(rep._local(plan, v))}</td><td class="m">{_e(str(s))}</td>'
+                   f'{_e(s.shardy())}</td><td class="m">{_e(rep.local_text(plan, v))}</td><td class="m">{_e(str(s))}</td>'
                    f'<td><details><summary>explain</summary><pre class="explain">{_e(plan.prop.explain(v, label))}'
                    f'</pre></details></td></tr>')
     out.append("</tbody></table>")

@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from .errors import MeshError, SpecError
+from .launch_env import launcher_hint
 
 
 @attrs.frozen(order=True, cache_hash=True)
@@ -217,7 +218,7 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
     available = sorted(d.id for d in devs)
     if devices is None:
         if size > len(available):
-            hint = _launcher_hint()
+            hint = launcher_hint()
             if hint:
                 raise MeshError(f"mesh shape {shape} needs {size} devices but only {len(available)} are available: "
                                 f"{hint}")
@@ -250,13 +251,7 @@ def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:
         raise MeshError(f"device ids {dups} appear more than once in the mesh")
     missing = sorted(set(flat) - set(available))
     if missing:
-        hint = _launcher_hint()
+        hint = launcher_hint()
         raise MeshError(f"device ids {missing} do not exist (available ids: {available[0]}..{available[-1]})"
                         + (f": {hint}" if hint else ""))
     return np.asarray(flat, dtype=np.int64).reshape(shape)
-
-
-def _launcher_hint():
-    from .distributed import launcher_hint
-
-    return launcher_hint()

@@ -1,6 +1,6 @@
 """A Plan: everything gspmd_py decided for one function and one set of input shapes.
 
-    plan = f.plan(x, w)          # trace -> propagate -> partition; runs nothing
+    plan = f.plan(x, w)          # compiler.py's passes: trace -> ... -> index; runs nothing
     plan.sharding_of("hidden"), plan.collectives, plan.report(), plan.spmd_text()
 """
 from __future__ import annotations
@@ -12,66 +12,85 @@ from jax.extend.core.primitives import jit_p
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from .boundary import boundary_of, place
+from .boundary import Boundary
 from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
-from .layout import boundary_sharding
+from .layout import boundary_sharding, staged_sharding
 from .mesh import Mesh
-from .partitioner.context import Collective, Ctx
-from .partitioner.fine_mesh import FineMesh
+from .partitioner.context import Collective
 from .partitioner.host_calls import raise_failures
-from .partitioner.program import boundary_out_dims, build_body, fine_plan, op_label, warn_fallbacks
-from .partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
-from .partitioner.hierarchy import link_refs
-from .partitioner.records import collect
-from .partitioner.shaping import Shaping
-from .partitioner.pvalue import ceil_div
+from .partitioner.program import boundary_out_dims
+from .partitioner.combine import DEFAULT_THRESHOLD_BYTES
+from .partitioner.pvalue import FineDims, ceil_div
 from .propagation import Propagation
 from .sharding import Sharding
 
 
 class Plan:
-    """Everything gspmd_py decided for one function and one set of input shapes."""
+    """Everything gspmd_py decided for one function and one set of input shapes (built by
+    compiler.plan_jaxpr from its passes' results)."""
 
-    tactics: tuple = ()  # search.context.TacticRecord per gp.tactics entry, in order (set by plan_jaxpr)
-
-    def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, in_tree, out_tree,
-                 in_names: list[str], donate_argnums: tuple[int, ...] = (),
-                 combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, shaping: Shaping = Shaping()):
+    def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, partitioned, program,
+                 collectives, *, in_tree, out_tree, in_names: list[str], donate_argnums: tuple[int, ...] = (),
+                 combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, tactics: tuple = ()):
         self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
         self.donate_argnums = tuple(donate_argnums)  # flat input indices, passed to jax.jit
         self.combine_threshold_bytes = combine_threshold_bytes
+        self.tactics = tuple(tactics)  # search.context.TacticRecord per gp.tactics entry, in order
         self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
-        self._shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
-        refs = [a for s in self._shardings.values() for a in s.used_axes]
-        refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
-        check_tag_names(graph, fn_name)
-        self.shaping = shaping
-        if shaping.hardware is not None:  # mesh axes crossing a node boundary, split there (hierarchy.py)
-            refs += link_refs(mesh, shaping.hardware, refs)
-        self.fine = FineMesh.build(mesh, refs)
-        self.ctx = Ctx(self.fine, shaping)
-        self._build()
+        self._shardings = partitioned.shardings
+        self.fine, self.ctx, self.shaping = partitioned.fine, partitioned.ctx, partitioned.shaping
+        self.program = program  # the per-device program, collectives combined
+        self._collectives = tuple(collectives)
+        self._build(partitioned.in_dims, partitioned.out_dims)
 
-    # -- building -----------------------------------------------------------------
-    def _fdims(self, v: Value):
+    # -- what the views, the boundary and the primitive read -------------------------
+    @property
+    def in_names(self) -> tuple[str, ...]:
+        """The inputs' names (``arg0``, ``arg1['w']``...), one per flat input."""
+        return tuple(self._in_names)
+
+    def sharding(self, v: Value) -> Sharding:
+        """The sharding propagation chose for value ``v`` of ``self.graph``."""
+        return self._shardings[v.id]
+
+    def fine_dims(self, v: Value) -> FineDims:
+        """``v``'s sharding over the fine mesh (per dim its fine mesh axes)."""
         return self.fine.fine_dims(self._shardings[v.id].dims)
 
-    def _build(self) -> None:
+    @property
+    def out_fine_dims(self) -> tuple[FineDims, ...]:
+        """The outputs' layouts as the program returns them (an uneven output's, evened)."""
+        return tuple(self._out_fdims)
+
+    @property
+    def jitted(self):
+        """The ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
+        return self._jitted
+
+    @property
+    def traced(self):
+        """``self.jitted`` traced once at the padded input shapes (``jax.stages.Traced``)."""
+        return self._traced
+
+    @property
+    def boundary(self):
+        """How arguments enter the program (boundary.Boundary), built on first use."""
+        if self._boundary is None:
+            self._boundary = Boundary.of(self)
+        return self._boundary
+
+    def staged_out_shardings(self) -> tuple:
+        """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's
+        layout): how an output leaves the program staged into a caller's trace."""
+        if self._staged_out is None:
+            self._staged_out = tuple(staged_sharding(self, d, f"output {i} {v.type_str}")
+                                     for i, (v, d) in enumerate(zip(self.graph.outputs, self._out_fdims)))
+        return self._staged_out
+
+    def _build(self, in_dims, out_dims) -> None:
+        """The executable: the boundary specs and shapes, the jit of the program, traced once."""
         g, ctx = self.graph, self.ctx
-        in_dims = [self._fdims(v) for v in g.inputs]
-        out_dims = [self._fdims(v) for v in g.outputs]
-        ctx.want = {v.id: self._fdims(v) for v in g.all_values()}
-        ctx.rules = self.prop.rules
-        ctx.plans = {i: fine_plan(self.fine, p) for i, p in self.prop.projections.items()}
-        body = build_body(g, ctx, in_dims, out_dims)
-        local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(g.inputs, in_dims)]
-        # the per-device program, traced once: what it communicates is read back from it
-        axis_env = list(zip(self.fine.names, self.fine.sizes))
-        self.program = combine(jax.make_jaxpr(body, axis_env=axis_env)(*local), self.combine_threshold_bytes,
-                               axis_env)
-        labels = {op.id: op_label(op) for op in g.walk()}
-        self._collectives = collect(self.program.jaxpr, self.fine, lambda i: labels.get(i, f"op {i}"))
         self.jax_mesh = self.fine.jax_mesh()
         spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
         # a zero-size value holds no data: it crosses the boundary replicated (see _jit_program)
@@ -88,7 +107,8 @@ class Plan:
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)
         self._compiled = None
-        warn_fallbacks(ctx)
+        self._boundary = None
+        self._staged_out = None
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
@@ -183,14 +203,14 @@ class Plan:
         return self._compiled
 
     def place(self, leaves):
-        return place(self, leaves)
+        return self.boundary.place(leaves)
 
     def run(self, leaves):
         if self.ctx.host_calls:  # waited for, so that a failed callback is raised here, as itself
             with raise_failures(self.ctx.host_calls, self.fn_name):
-                outs = jax.block_until_ready(boundary_of(self).call(self._compiled or self.compiled(), leaves))
+                outs = jax.block_until_ready(self.boundary.call(self._compiled or self.compiled(), leaves))
         else:
-            outs = boundary_of(self).call(self._compiled or self.compiled(), leaves)
+            outs = self.boundary.call(self._compiled or self.compiled(), leaves)
         return jax.tree_util.tree_unflatten(self._out_tree, outs)
 
 
@@ -256,24 +276,3 @@ def _staged_call(program):
         return jit_p.bind(*xs, **params)
 
     return run
-
-
-def check_tag_names(graph: Graph, fn_name: str) -> None:
-    """One gp.tag name, one place in the user's code.
-
-    Two ``gp.tag(.., "h")`` calls on different source lines are a mistake (the plan could
-    answer ``sharding_of("h")`` for only one of them): an AnnotationError naming both lines.
-    One line that tags several values (a layer called in a loop, jax.checkpoint's
-    recomputation, jvp's tangent) is allowed; ``sharding_of`` then refuses only if those
-    values are sharded differently.
-    """
-    where: dict[str, str] = {}
-    for op in graph.walk():
-        if op.prim != "gspmd_tag":
-            continue
-        name, src = op.params["name"], op.source
-        first = where.setdefault(name, src)
-        if first and src and first != src:
-            raise AnnotationError(f"gp.tag name {name!r} is used twice in {fn_name}: at {first} and at {src}; "
-                                  f"give each value its own name")
-

@@ -40,7 +40,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import ClosedJaxpr, Primitive
 
 from .errors import ShardingError
-from .layout import own_mesh, staged_sharding
+from .layout import own_mesh
 from .mesh import Mesh
 
 
@@ -117,7 +117,7 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
     """The Plan of an spmd_call: the one the user's call built, or a fresh one (derived programs)."""
     if spmd.plan is not None:
         return spmd.plan
-    from .api import plan_jaxpr
+    from .compiler import plan_jaxpr
 
     n = len(jaxpr.in_avals)
     return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""),
@@ -145,7 +145,7 @@ def run_padded(plan, *xs):
         if tuple(x.shape) != tuple(shape):
             x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
         padded.append(x)
-    outs = list(plan._jitted(*padded))
+    outs = list(plan.jitted(*padded))
     for i, (s, moved) in enumerate(staged_out_shardings(plan)):
         if moved:
             outs[i] = jax.lax.with_sharding_constraint(outs[i], s)
@@ -154,11 +154,7 @@ def run_padded(plan, *xs):
 
 def staged_out_shardings(plan) -> list:
     """Per output of ``plan``: (user-mesh NamedSharding, whether it differs from the plan's layout)."""
-    cached = getattr(plan, "_staged_out", None)
-    if cached is None:
-        cached = plan._staged_out = [staged_sharding(plan, d, f"output {i} {v.type_str}")
-                                     for i, (v, d) in enumerate(zip(plan.graph.outputs, plan._out_fdims))]
-    return cached
+    return list(plan.staged_out_shardings())
 
 
 def _lowering(ctx, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):

@@ -38,7 +38,7 @@ def sharding_text(plan, v) -> str:
 
         [{x}, {}] partial-sum(y)
     """
-    text = plan._shardings[v.id].shardy()
+    text = plan.sharding(v).shardy()
     held = plan.ctx.held.get(v.id)
     if held is not None and held.partial is not None:
         text += f" partial-{held.partial.op}({plan.fine.label(held.partial.axes)})"
@@ -57,7 +57,7 @@ def rows(plan) -> list[Row]:
         by_op.setdefault(c.op_id, []).append(c)
     out: list[Row] = []
     for i, v in enumerate(plan.graph.inputs):
-        out.append(Row("input", f"input {plan._in_names[i]}", v.type_str, sharding_text(plan, v), _local(plan, v), (),
+        out.append(Row("input", f"input {plan.in_names[i]}", v.type_str, sharding_text(plan, v), local_text(plan, v), (),
                        value_id=v.id))
 
     def walk(graph, depth):
@@ -65,7 +65,7 @@ def rows(plan) -> list[Row]:
             colls = tuple(by_op.get(op.id, []))
             for v in op.outputs:
                 nm = f" <{v.name}>" if v.name else ""
-                out.append(Row("op", f"{op.prim} #{op.id}{nm}", v.type_str, sharding_text(plan, v), _local(plan, v),
+                out.append(Row("op", f"{op.prim} #{op.id}{nm}", v.type_str, sharding_text(plan, v), local_text(plan, v),
                                colls, depth, op.source, v.id))
                 colls = ()
             for r in op.regions:
@@ -94,9 +94,9 @@ def notes(plan) -> list[str]:
     for c in plan.collectives:
         if c.op.startswith("combined:"):
             lines.append(f"combined {coll_text(c)}: {c.op[len('combined: '):]}")
-    for v, d, s in zip(plan.graph.outputs, plan._out_fdims, plan.out_specs):
-        if plan._fdims(v) != d:
-            lines.append(f"note: output %{v.id} {v.type_str} is uneven on {plan._shardings[v.id].shardy()}; "
+    for v, d, s in zip(plan.graph.outputs, plan.out_fine_dims, plan.out_specs):
+        if plan.fine_dims(v) != d:
+            lines.append(f"note: output %{v.id} {v.type_str} is uneven on {plan.sharding(v).shardy()}; "
                          f"returned as {s} (jax.Arrays must divide evenly)")
     return lines
 
@@ -131,8 +131,9 @@ def report(plan) -> str:
     return "\n".join(lines)
 
 
-def _local(plan, v) -> str:
-    d = plan._fdims(v)
+def local_text(plan, v) -> str:
+    """The local (per-device) shape of value ``v`` under the plan, as ``[4,8]``."""
+    d = plan.fine_dims(v)
     shape = plan.ctx.local_shape(v.shape, d)
     return "[" + ",".join(str(s) for s in shape) + "]"
 

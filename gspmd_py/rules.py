@@ -23,8 +23,11 @@ import warnings
 from typing import Any, Iterable, Optional, Sequence
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as JP
 
-from .errors import SpecError
+from .errors import SpecError, short_repr
+from .sharding import P, Sharding
 
 _UNMATCHED = ("error", "warn", "ignore")
 
@@ -54,8 +57,6 @@ class Rules:
     __slots__ = ("rules", "unmatched", "_hash")
 
     def __init__(self, rules: Iterable, unmatched: str = "error"):
-        from .specs import is_spec, short_repr
-
         if unmatched not in _UNMATCHED:
             raise SpecError(f"gp.rules: unmatched must be one of {_UNMATCHED}, got {short_repr(unmatched)}")
         if isinstance(rules, (str, bytes)) or not hasattr(rules, "__iter__"):
@@ -140,3 +141,8 @@ def rules(pairs: Iterable, *, unmatched: str = "error") -> Rules:
     whole path. First match wins; unmatched leaves are open (None).
     """
     return Rules(pairs, unmatched=unmatched)
+
+
+def is_spec(x) -> bool:
+    """A spec leaf of an in_shardings/out_shardings tree: None, a spec, a sharding or gp.rules."""
+    return x is None or isinstance(x, (P, JP, NamedSharding, Sharding, Rules))

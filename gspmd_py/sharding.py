@@ -41,7 +41,8 @@ class P(tuple):
         return "P(" + ", ".join(repr(e) for e in self) + ")"
 
 
-def _entries(entry) -> tuple:
+def entry_axes(entry) -> tuple:
+    """The axes of one spec entry: None -> (), "x" -> ("x",), ("x", "y") -> ("x", "y")."""
     if entry is None:
         return ()
     if isinstance(entry, (str, AxisRef)):
@@ -87,7 +88,7 @@ class Sharding:
         for e in spec_of(spec):
             # canonical: adjacent sub-axes of one axis (major then minor) merge, so that
             # ("y:(1)2", "y:(2)2") and "y" are the same (equal) sharding
-            dims.append(tuple(mesh.merge([mesh.ref(a) for a in _entries(e)])))
+            dims.append(tuple(mesh.merge([mesh.ref(a) for a in entry_axes(e)])))
         self.mesh = mesh
         self.dims = tuple(dims)
         self.partial = tuple(mesh.merge(sorted(mesh.ref(a) for a in partial)))

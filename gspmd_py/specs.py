@@ -22,35 +22,15 @@ import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from .annotate import OPEN
-from .errors import AnnotationError, SpecError
+from .errors import AnnotationError, SpecError, short_repr
 from .mesh import AxisRef, Mesh
-from .rules import Rules, slash_path
-from .sharding import P, Sharding, named_spec
+from .rules import Rules, is_spec, slash_path
+from .sharding import Sharding, named_spec
 
-_SPEC_LEAF = (P, JP, NamedSharding, Sharding, Rules)
 _tu = jax.tree_util
-
-
-def is_spec(x) -> bool:
-    """A spec leaf of an in_shardings/out_shardings tree: None, a spec, a sharding or gp.rules."""
-    return x is None or isinstance(x, _SPEC_LEAF)
-
-
-_is_spec = is_spec  # old name
-
-
-def short_repr(x, limit: int = 80) -> str:
-    """``repr(x)`` cut to ``limit`` characters (messages never print a 3,000-character model)."""
-    try:
-        r = repr(x)
-    except Exception:  # pragma: no cover - a broken __repr__ must not hide the real error
-        r = f"<{type(x).__name__}>"
-    r = " ".join(r.split())
-    return r if len(r) <= limit else r[: limit - 5] + " ...>"
 
 
 def type_text(x) -> str:
@@ -172,12 +152,6 @@ def leaf_specs(specs, tree, what: str) -> list[LeafSpec]:
     return out
 
 
-def _broadcast_specs(specs, tree, what: str) -> list:
-    """One spec per leaf of ``tree`` (None: open), gp.rules resolved; the old entry point, kept
-    for global_inputs.from_local."""
-    return [ls.spec for ls in leaf_specs(specs, tree, what)]
-
-
 def leaf_name(prefix: str, path: Sequence) -> str:
     """``arg0``, ``arg1['params']['w']``, ``out0.kernel``: a leaf's name from its key path
     (positional index first)."""
@@ -297,11 +271,11 @@ def arg_avals(args) -> tuple[list, Any, list]:
     an array is an AnnotationError naming it by key path."""
     with_path, tree = _tu.tree_flatten_with_path(args)
     leaves = [x for _, x in with_path]
-    avals = [_aval(x, leaf_name("arg", p)) for p, x in with_path]
+    avals = [leaf_aval(x, leaf_name("arg", p)) for p, x in with_path]
     return leaves, tree, avals
 
 
-def _aval(x, where):
+def leaf_aval(x, where):
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(x.shape, x.dtype)
     if hasattr(x, "shape") and hasattr(x, "dtype"):

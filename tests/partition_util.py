@@ -307,10 +307,10 @@ def report_problems(plan) -> list[str]:
         if h is None:
             problems.append(f"%{v.id} {v.type_str}: the program never held it")
             continue
-        dims = plan._fdims(v)
+        dims = plan.fine_dims(v)
         local = tuple(plan.ctx.local_shape(v.shape, dims))
         if h.local_shape != local or h.dims != dims:
-            problems.append(f"%{v.id} {v.type_str}: recorded {plan._shardings[v.id].shardy()} (local {list(local)}), "
+            problems.append(f"%{v.id} {v.type_str}: recorded {plan.sharding(v).shardy()} (local {list(local)}), "
                             f"the program holds {h.dims} (local {list(h.local_shape)})")
     for r in report.rows(plan):
         h = held.get(r.value_id)

@@ -46,7 +46,7 @@ def test_scan_body_is_partitioned_not_replicated(mesh):
     assert not p.fallbacks
     # the carry keeps the data-parallel sharding inside the body (GSPMD paper section 3.4: carry, body parameter and body result share one sharding)
     body = p.graph.ops[[op.prim for op in p.graph.ops].index("scan")].regions[0]
-    assert p._shardings[body.inputs[0].id].dims[0] == p._shardings[p.graph.inputs[0].id].dims[0]
+    assert p.sharding(body.inputs[0]).dims[0] == p.sharding(p.graph.inputs[0]).dims[0]
     assert "scan" in p.report() and "dot_general" in p.report()
 
 
@@ -95,5 +95,5 @@ def test_a_carry_saved_as_a_residual_keeps_its_sharding_in_the_stack():
     x = x[0, :8]
     plan = f.plan(ws, x)
     stacks = [o for op in plan.graph.walk() if op.prim == "scan" for o in op.outputs if o.shape == (4, 8, 16)]
-    assert stacks and all(plan._shardings[v.id].spec == P(None, "x", "y") for v in stacks)
+    assert stacks and all(plan.sharding(v).spec == P(None, "x", "y") for v in stacks)
     np.testing.assert_allclose(np.asarray(f(ws, x)), np.asarray(jax.grad(loss)(ws, x)), rtol=1e-5, atol=1e-5)

@@ -199,7 +199,7 @@ def test_tpu_torus_levels():
     mesh = gp.Mesh.abstract((8, 16), ("x", "y"))  # 128 cores = 64 chips on an 8x8 torus
     assert [(lv.p, lv.link.name) for lv in v3.levels(mesh, ("y",))] == [(2, "on-chip"), (8, "ici")]
     assert [(lv.p, lv.link.name) for lv in v3.levels(mesh, ("x",))] == [(8, "ici")]
-    assert hardware._box(1024, 2) == (32, 32) and hardware._box(4096, 3) == (16, 16, 16)
+    assert v3.topology.shape(1024) == (32, 32) and gp.Hardware.preset("tpu-v4").topology.shape(4096) == (16, 16, 16)
     with pytest.raises(gp.ShardingError, match="unknown hardware preset"):
         gp.Hardware.preset("tpu-v9")
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from gspmd_py.partitioner import halo_tables
 from gspmd_py.partitioner import index_math as im
 
 # ----------------------------------------------------------------------------------------
@@ -216,20 +217,20 @@ def _brute_groups(shape, axes):
 @given(mesh_and_axes())
 def test_device_groups(ma):
     shape, axes = ma
-    g = im.device_groups_nb(shape, axes)
+    g = halo_tables.device_groups_nb(shape, axes)
     assert g.dtype == np.int64
-    np.testing.assert_array_equal(g, im.device_groups_np(shape, axes))
+    np.testing.assert_array_equal(g, halo_tables.device_groups_np(shape, axes))
     np.testing.assert_array_equal(g, _brute_groups(shape, axes))
 
 
 def test_device_groups_errors_and_negative_axes():
-    np.testing.assert_array_equal(im.device_groups((2, 4), (-1,)), im.device_groups((2, 4), (1,)))
+    np.testing.assert_array_equal(halo_tables.device_groups((2, 4), (-1,)), halo_tables.device_groups((2, 4), (1,)))
     with pytest.raises(ValueError):
-        im.device_groups((2, 4), (1, 1))
+        halo_tables.device_groups((2, 4), (1, 1))
     with pytest.raises(ValueError):
-        im.device_groups_np((2, 4), (2,))
+        halo_tables.device_groups_np((2, 4), (2,))
     with pytest.raises(ValueError):
-        im.device_groups((2, 0), (0,))
+        halo_tables.device_groups((2, 0), (0,))
 
 
 # ----------------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ def test_dispatch_picks_numba_only_where_it_pays(monkeypatch):
     """Small work runs the NumPy twin (Numba never loaded for it); past the crossover the
     kernel runs; the results are the same either way."""
     calls = []
-    monkeypatch.setattr(im, "_call", lambda name, *a: calls.append(name) or im._jit(name)(*a))
+    monkeypatch.setattr(im, "run_kernel", lambda name, *a: calls.append(name) or im._jit(name)(*a))
     np.testing.assert_array_equal(im.shard_bounds(10, 4)[0], [0, 3, 6, 9])
     assert calls == []
     monkeypatch.setattr(im, "NUMBA_COLD_WORK", dict.fromkeys(im.NUMBA_COLD_WORK, 4))
@@ -302,7 +303,7 @@ def _brute_rounds(lo, hi, a, c, holder):
     for r, sh in enumerate(shifts):
         for i, src, so, do, ln in by_shift[sh]:
             tabs[0, r, src], tabs[1, r, i], tabs[2, r, i], source[r, i] = so, do, ln, src
-    return im.FetchRounds(own[0], own[1], own[2], np.asarray(shifts, np.int64).reshape(-1), tabs[0], tabs[1],
+    return halo_tables.FetchRounds(own[0], own[1], own[2], np.asarray(shifts, np.int64).reshape(-1), tabs[0], tabs[1],
                           tabs[2], source)
 
 
@@ -322,7 +323,7 @@ def fetch_case(draw):
 
 
 def _eq_rounds(x, y):
-    for f in im.FetchRounds._fields:
+    for f in halo_tables.FetchRounds._fields:
         u, v = getattr(x, f), getattr(y, f)
         assert u.dtype == v.dtype == np.int64, f
         np.testing.assert_array_equal(u, v, err_msg=f)
@@ -331,19 +332,19 @@ def _eq_rounds(x, y):
 @given(fetch_case())
 def test_fetch_rounds_nb_np_brute(case):
     ref = _brute_rounds(*case)
-    _eq_rounds(im.fetch_rounds_nb(*case), ref)
-    _eq_rounds(im.fetch_rounds_np(*case), ref)
-    _eq_rounds(im.fetch_rounds(*case), ref)
+    _eq_rounds(halo_tables.fetch_rounds_nb(*case), ref)
+    _eq_rounds(halo_tables.fetch_rounds_np(*case), ref)
+    _eq_rounds(halo_tables.fetch_rounds(*case), ref)
 
 
 def test_fetch_rounds_8192_shards_and_errors():
     k, c = 8192, 4
     a = np.arange(k, dtype=np.int64) * c - 2  # a 5-row window, SAME: 2 rows each side
     lo, hi = np.maximum(a, 0), np.minimum(a + c + 4, k * c)
-    r = im.fetch_rounds_np(lo, hi, a, c)
-    _eq_rounds(r, im.fetch_rounds_nb(lo, hi, a, c))
+    r = halo_tables.fetch_rounds_np(lo, hi, a, c)
+    _eq_rounds(r, halo_tables.fetch_rounds_nb(lo, hi, a, c))
     assert r.shift.tolist() == [-1, 1] and r.length.max() == 2
     with pytest.raises(ValueError, match="one entry per device"):
-        im.fetch_rounds_np([0, 1], [1], [0, 0], 1)
+        halo_tables.fetch_rounds_np([0, 1], [1], [0, 0], 1)
     with pytest.raises(ValueError, match=r"\[0, k\*c\)"):
-        im.fetch_rounds_nb([0], [5], [0], 4)
+        halo_tables.fetch_rounds_nb([0], [5], [0], 4)

@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import ShardingError
 from ..mesh import Mesh
 from .collectives import collective_time
-from .hardware import Hardware, Level, Link, PerAxis
+from .topology import Level, Link, PerAxis
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 # (batch, m, k, n) per device: the shapes partitioned programs run: square, wide, skinny (a
@@ -59,6 +59,22 @@ MEM_ELEMS = 2 ** 22  # f32 elements per device for the memory probe (16 MiB: no 
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
 SUSTAIN = 4  # the other compute probes repeat their step this many times (unfused)
+
+
+@attrs.frozen
+class Measured:
+    """What calibration measured: the fields of a ``gp.Hardware`` (``Hardware.from_measured``)."""
+
+    name: str
+    matmul_flops: tuple[tuple[str, float], ...]
+    vector_flops: float
+    mem_bandwidth: float
+    mem_capacity: float
+    topology: PerAxis
+    transcendental_flops: float = 1.0
+    conv_efficiency: float = 1.0
+    op_overhead: float = 0.0
+    step_overhead: float = 0.0
 
 
 @attrs.define
@@ -84,7 +100,7 @@ class Probe:
 
 
 class Calibrator:
-    """The probes of one mesh, compiled; ``sample()`` runs a round, ``fit()`` makes the Hardware."""
+    """The probes of one mesh, compiled; ``sample()`` runs a round, ``fit()`` says what they measured."""
 
     def __init__(self, mesh: Mesh, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21)):
         import jax
@@ -160,8 +176,9 @@ class Calibrator:
         for pr in self.probes:
             pr.run()
 
-    def fit(self, name: str = "calibrated", round: Optional[int] = None) -> Hardware:
-        """The Hardware from the probes' medians, or from one round's times (``round``)."""
+    def fit(self, name: str = "calibrated", round: Optional[int] = None) -> Measured:
+        """What the probes' medians say (or one round's times, ``round``): the fields of a
+        ``gp.Hardware`` (``Hardware.from_measured``)."""
         at = (lambda pr: pr.median) if round is None else (lambda pr: pr.times[round])
         med = {}
         for pr in self.probes:
@@ -200,7 +217,7 @@ class Calibrator:
             links.append((axis, Link(alpha, 1.0 / inv_beta, axis, per_kind=tuple(per_kind))))
         platform = self.mesh.jax_devices().reshape(-1)[0].platform
         mem = _host_memory() / self.mesh.size if platform == "cpu" else float(16 * 2 ** 30)
-        return Hardware(
+        return Measured(
             f"{name} ({platform}, {self.mesh.size} devices)", (("float32", rate),), vector_flops=vector,
             mem_bandwidth=bandwidth, mem_capacity=mem,
             topology=PerAxis(tuple(links), links[-1][1] if links else Link(0.0, 1e12)),
@@ -208,8 +225,9 @@ class Calibrator:
         )
 
 
-def calibrate(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
-              name: str = "calibrated") -> Hardware:
+def measure(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
+            name: str = "calibrated") -> Measured:
+    """Sample every probe ``reps`` times after one warm-up round; what they measured."""
     cal = Calibrator(mesh, sizes)
     cal.sample()  # warm-up round, not counted
     for pr in cal.probes:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .hardware import Level, Link
+from .topology import Level, Link
 
 
 def full_bytes(kind: str, bytes_per_device: int, p: int) -> int:

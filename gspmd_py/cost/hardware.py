@@ -52,123 +52,18 @@ runtime's choice, and the Hardware says which it assumes (``algorithm``):
 """
 from __future__ import annotations
 
-import functools
-import math
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence
 
 import attrs
 import numpy as np
 
 from ..errors import HardwareError, ShardingError
 from ..mesh import Mesh
+from .calibrate import Measured, measure
+from .collectives import collective_time
+from .topology import Level, Link, PerAxis, Switched, Topology, Torus
 
 GiB = 2 ** 30
-
-
-@attrs.frozen
-class Link:
-    """One kind of link: ``alpha`` seconds per message step, ``beta`` bytes/s moved by each device.
-
-    ``all_to_all``: "switch" (full bisection: each device sends its (p-1)/p share at beta)
-    or "ring" (a torus dimension: traffic crosses p/4 hops on average, so an all-to-all
-    over p devices takes p^2/(4(p-1)) times the switch's bandwidth term).
-    ``per_kind``: (kind, alpha, beta) fitted for one collective kind (``Hardware.calibrate``
-    fits each kind on its own where one pair does not fit all, as on a CPU host).
-    """
-
-    alpha: float
-    beta: float
-    name: str = ""
-    all_to_all: str = attrs.field(default="switch", validator=attrs.validators.in_(("switch", "ring")))
-    per_kind: tuple[tuple[str, float, float], ...] = ()  # (kind, alpha, beta) measured for one kind
-
-    def for_kind(self, kind: str) -> tuple[float, float]:
-        """(alpha, beta) for a collective of ``kind``: its own fit if calibrated, else the link's."""
-        for k, a, b in self.per_kind:
-            if k == kind:
-                return a, b
-        return self.alpha, self.beta
-
-
-@attrs.frozen
-class Level:
-    """``p`` devices of a collective's group that talk over ``link``."""
-
-    p: int
-    link: Link
-
-
-# -- topologies: a group of device ids -> link levels ------------------------------------
-
-@attrs.frozen
-class Switched:
-    """Nodes of ``node_size`` devices on a switch (``intra``), nodes on a network (``inter``).
-
-    ``node_size=None``: one flat switch (every group uses ``intra``).
-    """
-
-    intra: Link
-    inter: Optional[Link] = None
-    node_size: Optional[int] = None
-
-    def levels_of(self, ids: np.ndarray, n_devices: int) -> list[Level]:
-        p = len(ids)
-        if self.node_size is None or self.inter is None:
-            return [Level(p, self.intra)]
-        nodes = len(np.unique(ids // self.node_size))
-        p_in = p // nodes
-        return [lv for lv in (Level(p_in, self.intra), Level(nodes, self.inter)) if lv.p > 1]
-
-
-@attrs.frozen
-class Torus:
-    """Chips on a ``dims``-D torus linked by ``ici`` (per link and direction); ``cores_per_chip``
-    devices per chip, linked by ``on_chip``. The torus shape comes from the chip count."""
-
-    dims: int
-    ici: Link
-    cores_per_chip: int = 1
-    on_chip: Optional[Link] = None
-
-    def shape(self, chips: int) -> tuple[int, ...]:
-        return _box(chips, self.dims)
-
-    def levels_of(self, ids: np.ndarray, n_devices: int) -> list[Level]:
-        c = self.cores_per_chip
-        chips = ids // c
-        out = []
-        per_chip = len(ids) // len(np.unique(chips))
-        if per_chip > 1:
-            out.append(Level(per_chip, self.on_chip or self.ici))
-        shape = self.shape(max(1, -(-n_devices // c)))
-        coords = np.stack(np.unravel_index(chips, shape[::-1])[::-1])  # x fastest
-        # a bidirectional ring moves 2 links' worth per chip, shared by the chip's cores
-        ring = Link(self.ici.alpha, 2 * self.ici.beta / c, self.ici.name, "ring")
-        for d in range(self.dims):
-            k = len(np.unique(coords[d]))
-            if k > 1:
-                out.append(Level(k, ring))
-        return out
-
-
-@attrs.frozen
-class PerAxis:
-    """One link per mesh axis (what ``Hardware.calibrate`` measures); ``default`` for others."""
-
-    links: tuple[tuple[str, Link], ...]
-    default: Optional[Link] = None
-
-    def link(self, axis: str) -> Link:
-        for a, lk in self.links:
-            if a == axis:
-                return lk
-        if self.default is None:
-            raise ShardingError(f"this hardware has no link for mesh axis {axis!r} "
-                                f"(it was calibrated for axes {[a for a, _ in self.links]})")
-        return self.default
-
-
-Topology = Union[Switched, Torus, PerAxis]
 
 
 @attrs.frozen
@@ -219,8 +114,6 @@ class Hardware:
     def collective_time(self, kind: str, bytes_per_device: int, mesh: Mesh, axes: Sequence) -> float:
         """Seconds of one collective over ``axes`` of ``mesh`` (sub-axes allowed) as this hardware
         runs it: its levels, under the ``algorithm`` it assumes for a multi-level group."""
-        from .collectives import collective_time
-
         return collective_time(kind, bytes_per_device, self.levels(mesh, axes), self.algorithm)
 
     def is_flat(self, mesh: Mesh, axes: Sequence) -> bool:
@@ -254,9 +147,12 @@ class Hardware:
                   name: str = "calibrated") -> "Hardware":
         """Measure this machine over ``mesh`` (see calibrate.py): matmul and vector rates,
         memory bandwidth, and per mesh axis alpha and beta fitted by least squares."""
-        from .calibrate import calibrate
+        return Hardware.from_measured(measure(mesh, sizes=sizes, reps=reps, name=name))
 
-        return calibrate(mesh, sizes=sizes, reps=reps, name=name)
+    @staticmethod
+    def from_measured(m: Measured) -> "Hardware":
+        """The Hardware a calibration measured (calibrate.py's ``Measured``)."""
+        return Hardware(**attrs.asdict(m, recurse=False))
 
     def with_links(self, **links: Link) -> "Hardware":
         """This hardware with the given per-axis links (other axes keep the topology's)."""
@@ -268,31 +164,12 @@ def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
     group order: the devices whose coordinates on every other (sub-)axis are device 0's
     (index_math's device groups over the mesh with the axes split where the sub-axes need)."""
     from ..partitioner.fine_mesh import FineMesh
-    from ..partitioner.index_math import device_groups
+    from ..partitioner.halo_tables import device_groups
 
     refs = [mesh.ref(a) for a in axes]
     fine = FineMesh.build(mesh, refs)
     idx = [fine.names.index(n) for r in refs for n in fine.fine(r)]
     return mesh.device_ids.reshape(-1)[device_groups(fine.sizes, idx)[0]]
-
-
-@functools.lru_cache(maxsize=None)
-def _box(n: int, dims: int) -> tuple[int, ...]:
-    """The most nearly square/cubic shape of ``dims`` factors of ``n`` (largest first)."""
-    if dims == 1:
-        return (n,)
-    best = None
-    for a in _divisors(n):
-        shape = tuple(sorted((a,) + _box(n // a, dims - 1), reverse=True))
-        score = (max(shape) / min(shape), shape)
-        if best is None or score < best[0]:
-            best = (score, shape)
-    return best[1]
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 # -- presets -------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import index_math
+from . import halo_tables, index_math
 from .context import Ctx
 from .pvalue import ceil_div
 
@@ -126,8 +126,8 @@ def plan_fetch(ctx: Ctx, axes: Sequence[str], *, n: int, c: int, a: np.ndarray, 
         return FetchPlan(axes, k, c, S, a, lo, hi, False, None, ())
     # every piece, grouped in rounds by shift (source shard - destination): device i gets its
     # piece from shard i+shift, a permutation since holder is one (left halo: shift -1,
-    # right halo: +1); vectorised over devices (index_math.fetch_rounds)
-    fr = index_math.fetch_rounds(lo, hi, a, c, holder)
+    # right halo: +1); vectorised over devices (halo_tables.fetch_rounds)
+    fr = halo_tables.fetch_rounds(lo, hi, a, c, holder)
     rounds = []
     for r in range(fr.shift.size):
         dst = np.flatnonzero(fr.source[r] >= 0)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from .index_math import _I64, _call, _int, kernels, use_numba
+from .index_math import I64, as_int, kernels, run_kernel, use_numba
 
 
 # ========================================================================================
@@ -18,17 +18,17 @@ from .index_math import _I64, _call, _int, kernels, use_numba
 # ========================================================================================
 
 def _mesh_args(mesh_shape: Sequence[int], axes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    shape = [_int(s, "mesh_shape entry", 1) for s in mesh_shape]
+    shape = [as_int(s, "mesh_shape entry", 1) for s in mesh_shape]
     nd = len(shape)
     ax = []
     for a in axes:
-        a = _int(a, "axis")
+        a = as_int(a, "axis")
         if not -nd <= a < nd:
             raise ValueError(f"axis {a} out of range for a {nd}-d mesh {tuple(shape)}")
         ax.append(a % nd)
     if len(set(ax)) != len(ax):
         raise ValueError(f"duplicate mesh axes in {tuple(axes)}")
-    return np.asarray(shape, dtype=_I64).reshape(-1), np.asarray(ax, dtype=_I64).reshape(-1)
+    return np.asarray(shape, dtype=I64).reshape(-1), np.asarray(ax, dtype=I64).reshape(-1)
 
 
 def _device_groups_kernel(shape, axes):
@@ -86,7 +86,7 @@ def device_groups_nb(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarr
     [[0, 3, 1, 4, 2, 5]]
     """
     shape, ax = _mesh_args(mesh_shape, axes)
-    return _call("device_groups", shape, ax)
+    return run_kernel("device_groups", shape, ax)
 
 
 def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
@@ -97,16 +97,16 @@ def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarr
     """
     shape, ax = _mesh_args(mesh_shape, axes)
     nd = shape.size
-    strides = np.ones(nd, dtype=_I64)
+    strides = np.ones(nd, dtype=I64)
     if nd:
         strides[:-1] = np.cumprod(shape[::-1])[::-1][1:]
     grp = set(ax.tolist())
     rest = [d for d in range(nd) if d not in grp]
 
     def lin(dims: Sequence[int]) -> np.ndarray:
-        pos = np.zeros(1, dtype=_I64)
+        pos = np.zeros(1, dtype=I64)
         for d in dims:
-            pos = (pos[:, None] + np.arange(shape[d], dtype=_I64)[None, :] * strides[d]).reshape(-1)
+            pos = (pos[:, None] + np.arange(shape[d], dtype=I64)[None, :] * strides[d]).reshape(-1)
         return pos
 
     return lin(rest)[:, None] + lin(ax.tolist())[None, :]
@@ -144,13 +144,13 @@ class FetchRounds(NamedTuple):
 
 
 def _fetch_args(lo: Any, hi: Any, a: Any, c: int, holder: Any) -> tuple:
-    lo = np.ascontiguousarray(np.asarray(lo), dtype=_I64).reshape(-1)
-    hi = np.ascontiguousarray(np.asarray(hi), dtype=_I64).reshape(-1)
-    a = np.ascontiguousarray(np.asarray(a), dtype=_I64).reshape(-1)
-    c = _int(c, "c", 1)
+    lo = np.ascontiguousarray(np.asarray(lo), dtype=I64).reshape(-1)
+    hi = np.ascontiguousarray(np.asarray(hi), dtype=I64).reshape(-1)
+    a = np.ascontiguousarray(np.asarray(a), dtype=I64).reshape(-1)
+    c = as_int(c, "c", 1)
     k = lo.size
-    holder = (np.arange(k, dtype=_I64) if holder is None
-              else np.ascontiguousarray(np.asarray(holder), dtype=_I64).reshape(-1))
+    holder = (np.arange(k, dtype=I64) if holder is None
+              else np.ascontiguousarray(np.asarray(holder), dtype=I64).reshape(-1))
     if not (hi.size == a.size == holder.size == k):
         raise ValueError(f"lo, hi, a and holder must have one entry per device, got sizes "
                          f"{lo.size}, {hi.size}, {a.size}, {holder.size}")
@@ -229,7 +229,7 @@ def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> Fet
     >>> r.src_off.tolist(), r.dst_off.tolist()        # left halo: a neighbour's last row
     ([[3, 3, 3, 0], [0, 0, 0, 0]], [[0, 0, 0, 0], [5, 5, 5, 0]])
     """
-    return FetchRounds(*_call("fetch_rounds", *_fetch_args(lo, hi, a, c, holder)))
+    return FetchRounds(*run_kernel("fetch_rounds", *_fetch_args(lo, hi, a, c, holder)))
 
 
 def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
@@ -243,26 +243,26 @@ def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> Fet
     has = hi > lo
     m0 = np.where(has, lo // c, 0)
     cnt = np.where(has, (hi - 1) // c + 1 - m0, 0)
-    dev = np.repeat(np.arange(k, dtype=_I64), cnt)
+    dev = np.repeat(np.arange(k, dtype=I64), cnt)
     first = np.cumsum(cnt) - cnt
-    m = np.repeat(m0, cnt) + (np.arange(dev.size, dtype=_I64) - np.repeat(first, cnt))
+    m = np.repeat(m0, cnt) + (np.arange(dev.size, dtype=I64) - np.repeat(first, cnt))
     r0 = np.maximum(lo[dev], m * c)
     r1 = np.minimum(hi[dev], m * c + c)
     src = holder[m]
     so, do, ln = r0 - m * c, r0 - a[dev], r1 - r0
     own = src == dev
-    own_src, own_dst, own_len = (np.zeros(k, _I64) for _ in range(3))
+    own_src, own_dst, own_len = (np.zeros(k, I64) for _ in range(3))
     own_src[dev[own]], own_dst[dev[own]], own_len[dev[own]] = so[own], do[own], ln[own]
     t = ~own
     shift, r = np.unique(m[t] - dev[t], return_inverse=True)
     r = r.reshape(-1)
-    src_off, dst_off, length = (np.zeros((shift.size, k), _I64) for _ in range(3))
-    source = np.full((shift.size, k), -1, _I64)
+    src_off, dst_off, length = (np.zeros((shift.size, k), I64) for _ in range(3))
+    source = np.full((shift.size, k), -1, I64)
     src_off[r, src[t]] = so[t]
     dst_off[r, dev[t]] = do[t]
     length[r, dev[t]] = ln[t]
     source[r, dev[t]] = src[t]
-    return FetchRounds(own_src, own_dst, own_len, shift.astype(_I64), src_off, dst_off, length, source)
+    return FetchRounds(own_src, own_dst, own_len, shift.astype(I64), src_off, dst_off, length, source)
 
 
 def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
@@ -271,9 +271,9 @@ def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchR
     >>> fetch_rounds([0, 3], [5, 8], a=[-1, 3], c=4).source.tolist()
     [[-1, 0], [1, -1]]
     """
-    lo_, hi_ = np.asarray(lo, dtype=_I64).reshape(-1), np.asarray(hi, dtype=_I64).reshape(-1)
+    lo_, hi_ = np.asarray(lo, dtype=I64).reshape(-1), np.asarray(hi, dtype=I64).reshape(-1)
     span = int(np.max(hi_ - lo_)) if lo_.size else 0
-    work = lo_.size * (max(span, 0) // max(_int(c, "c", 1), 1) + 2)
+    work = lo_.size * (max(span, 0) // max(as_int(c, "c", 1), 1) + 2)
     if use_numba("fetch_rounds", work):
         return fetch_rounds_nb(lo, hi, a, c, holder)
     return fetch_rounds_np(lo, hi, a, c, holder)

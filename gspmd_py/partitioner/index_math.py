@@ -44,7 +44,7 @@ __all__ = [
     "jit_kernels", "NUMBA_COLD_WORK", "NUMBA_WARM_WORK",
 ]
 
-_I64 = np.int64
+I64 = np.int64
 _I64_MAX = np.iinfo(np.int64).max
 
 #: Per kernel: the work (about: shards x inner iterations) from which ``foo`` loads Numba to run
@@ -95,7 +95,7 @@ def _jit(name: str) -> Callable[..., Any]:
     return fn
 
 
-def _call(name: str, *args: Any) -> Any:
+def run_kernel(name: str, *args: Any) -> Any:
     out = _jit(name)(*args)
     _LOADED.add(name)
     return out
@@ -124,7 +124,7 @@ def jit_kernels() -> tuple[str, ...]:
 # argument helpers
 # ----------------------------------------------------------------------------------------
 
-def _int(x: Any, name: str, lo: int | None = None) -> int:
+def as_int(x: Any, name: str, lo: int | None = None) -> int:
     try:
         v = operator.index(x)
     except TypeError:
@@ -163,8 +163,8 @@ def shard_bounds_nb(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     >>> [a.tolist() for a in shard_bounds_nb(5, 4)]   # c = 2: last shard is empty
     [[0, 2, 4, 5], [2, 4, 5, 5]]
     """
-    n, k = _int(n, "n", 0), _int(k, "k", 1)
-    return _call("shard_bounds", _I64(n), _I64(k))
+    n, k = as_int(n, "n", 0), as_int(k, "k", 1)
+    return run_kernel("shard_bounds", I64(n), I64(k))
 
 
 def shard_bounds_np(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -173,9 +173,9 @@ def shard_bounds_np(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     >>> [a.tolist() for a in shard_bounds_np(10, 4)]
     [[0, 3, 6, 9], [3, 6, 9, 10]]
     """
-    n, k = _int(n, "n", 0), _int(k, "k", 1)
+    n, k = as_int(n, "n", 0), as_int(k, "k", 1)
     c = _ceil_div(n, k)
-    i = np.arange(k, dtype=_I64)
+    i = np.arange(k, dtype=I64)
     return np.minimum(i * c, n), np.minimum((i + 1) * c, n)
 
 
@@ -185,7 +185,7 @@ def shard_bounds(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     >>> [a.tolist() for a in shard_bounds(10, 4)]
     [[0, 3, 6, 9], [3, 6, 9, 10]]
     """
-    kk = _int(k, "k", 1)
+    kk = as_int(k, "k", 1)
     return shard_bounds_nb(n, k) if use_numba("shard_bounds", kk) else shard_bounds_np(n, k)
 
 
@@ -208,14 +208,14 @@ def _window_params(n_in: int, k: int, window: int, stride: int, dilation: int, p
     closed form: positions ``q0 + t*step`` that are multiples of ``lhs_dilation`` are those
     with ``t = t0 (mod m)``, ``m = ld/g``, ``g = gcd(step, ld)``, ``inv = (step/g)^-1 mod m``.
     """
-    n_in = _int(n_in, "n_in", 0)
-    k = _int(k, "k", 1)
-    window = _int(window, "window", 1)
-    stride = _int(stride, "stride", 1)
-    dilation = _int(dilation, "dilation", 1)
-    pad_lo = _int(pad_lo, "pad_lo")
-    pad_hi = _int(pad_hi, "pad_hi")
-    ld = _int(lhs_dilation, "lhs_dilation", 1)
+    n_in = as_int(n_in, "n_in", 0)
+    k = as_int(k, "k", 1)
+    window = as_int(window, "window", 1)
+    stride = as_int(stride, "stride", 1)
+    dilation = as_int(dilation, "dilation", 1)
+    pad_lo = as_int(pad_lo, "pad_lo")
+    pad_hi = as_int(pad_hi, "pad_hi")
+    ld = as_int(lhs_dilation, "lhs_dilation", 1)
     dilated = 0 if n_in == 0 else (n_in - 1) * ld + 1
     span = pad_lo + dilated + pad_hi - ((window - 1) * dilation + 1)
     n_out = span // stride + 1 if span >= 0 else 0
@@ -364,7 +364,7 @@ def window_halos_nb(n_in: int, k: int, window: int, stride: int = 1, dilation: i
     (1, 1, 10)
     """
     p = _window_params(n_in, k, window, stride, dilation, pad_lo, pad_hi, lhs_dilation)
-    arrays = _call("window_halos", *[_I64(v) for v in p])
+    arrays = run_kernel("window_halos", *[I64(v) for v in p])
     return _halo_dict(arrays, p[7])
 
 
@@ -381,14 +381,14 @@ def window_halos_np(n_in: int, k: int, window: int, stride: int = 1, dilation: i
     """
     (n_in, k, window, stride, dilation, pad_lo, ld, n_out, c_out, c_in, over_o, step, g, m,
      inv) = _window_params(n_in, k, window, stride, dilation, pad_lo, pad_hi, lhs_dilation)
-    i = np.arange(k, dtype=_I64)
+    i = np.arange(k, dtype=I64)
     a = np.minimum(i * c_out, n_out)
     b = np.minimum(a + c_out, n_out)
     cnt_o = b - a
     ss = np.minimum(i * c_in, n_in)
     se = np.minimum(ss + c_in, n_in)
-    best_lo = np.full(k, _I64_MAX, dtype=_I64)
-    best_hi = np.full(k, -1, dtype=_I64)
+    best_lo = np.full(k, _I64_MAX, dtype=I64)
+    best_hi = np.full(k, -1, dtype=I64)
     if n_in > 0 and n_out > 0:
         qmax_all = (n_in - 1) * ld
         # fast path: the shard's first and last window positions are both real rows
@@ -406,7 +406,7 @@ def window_halos_np(n_in: int, k: int, window: int, stride: int = 1, dilation: i
         lo_sel = best_lo[sel]
         hi_sel = best_hi[sel]
         for u0 in range(0, n_loop if sel.size else 0, blk):
-            u = np.arange(u0, min(n_loop, u0 + blk), dtype=_I64)[None, :]
+            u = np.arange(u0, min(n_loop, u0 + blk), dtype=I64)[None, :]
             if over_o:
                 q0 = (a2 + u) * stride - pad_lo
                 cnt = window
@@ -456,6 +456,3 @@ def window_halos(n_in: int, k: int, window: int, stride: int = 1, dilation: int 
 
 
 kernels(_shard_bounds_kernel, _window_halos_kernel)
-
-from .halo_tables import (FetchRounds, device_groups, device_groups_nb, device_groups_np,  # noqa: E402,F401
-                          fetch_rounds, fetch_rounds_nb, fetch_rounds_np)

@@ -222,6 +222,7 @@ def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Se
 
 
 def warn_fallbacks(ctx: Ctx) -> None:
+    """A PartitionWarning per op that fell back replicated (attributed to the caller)."""
     for fb in ctx.fallbacks:
         warnings.warn(f"gspmd_py: involuntary full rematerialization at {fb.op}: {fb.reason}", PartitionWarning,
-                      stacklevel=4)
+                      stacklevel=2)

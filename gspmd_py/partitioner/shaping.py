@@ -45,7 +45,7 @@ def _hardware(inst, attr, value) -> None:
 class Shaping:
     hardware: Optional[object] = attrs.field(default=None, validator=_hardware)  # gp.Hardware
     collective_matmul_bytes: Optional[int] = attrs.field(default=None, validator=_threshold)
-    matmul: bool = True  # False: no collective matmul (the plan compared against, api.plan_jaxpr)
+    matmul: bool = True  # False: no collective matmul (the plan compared against, compiler.plan_jaxpr)
 
     @property
     def active(self) -> bool:

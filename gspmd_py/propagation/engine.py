@@ -82,6 +82,21 @@ class Propagation:
         self._ts: dict[int, TensorState] = {}  # value id -> its TensorState while unchanged
         self._forward_done = [False] * len(self.ops)
 
+    def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
+        """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
+        (rules, op lists, neighbours): only the per-run state is new, as ``__init__`` makes it.
+        What the search prices each candidate with (search/price.py)."""
+        fresh = Propagation.__new__(Propagation)
+        fresh.graph, fresh.mesh, fresh.seeds = self.graph, self.mesh, list(seeds)
+        fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
+        fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
+        fresh._near = self._near
+        fresh.state = {vid: [DimState() for _ in v.shape] for vid, v in self.values.items()}
+        fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
+        fresh._dirty = [True] * len(self.ops)
+        fresh._forward_done = [False] * len(self.ops)
+        return fresh
+
     # -- driver -------------------------------------------------------------
     def run(self) -> "Propagation":
         for p in sorted({s.priority for s in self.seeds} | {0}):

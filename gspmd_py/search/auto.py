@@ -21,7 +21,7 @@ import jax
 
 from ..mesh import Mesh
 from ..sharding import P
-from .optimizer import SearchResult, _size
+from .optimizer import SearchResult, bytes_text
 
 
 @attrs.frozen
@@ -77,18 +77,18 @@ def report(res: AutoResult) -> str:
     s = res.search
     lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({s.hardware}): {s.explored} candidates, "
              f"{s.programs} programs priced in {s.seconds:.2f} s; searched axes {', '.join(s.axes)}"
-             + (f"; memory limit {_size(s.memory_limit)}" if s.memory_limit else "")]
+             + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
     rows = [("plan", "step", "peak memory", "collectives", "bytes", "decisions")]
     c = res.cost
-    rows.append(("chosen (built)", _ms(c.step_s), _size(c.peak_memory_bytes), str(len(res.plan.collectives)),
-                 _size(c.comm_bytes), s.best.text))
+    rows.append(("chosen (built)", _ms(c.step_s), bytes_text(c.peak_memory_bytes), str(len(res.plan.collectives)),
+                 bytes_text(c.comm_bytes), s.best.text))
     for i, cand in enumerate(s.top):
-        rows.append((f"candidate {i + 1}", _ms(cand.price.step_s), _size(cand.price.peak_memory_bytes)
-                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), _size(cand.price.comm_bytes),
+        rows.append((f"candidate {i + 1}", _ms(cand.price.step_s), bytes_text(cand.price.peak_memory_bytes)
+                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), bytes_text(cand.price.comm_bytes),
                      cand.text))
     for name, cand in s.baselines:
-        rows.append((name, _ms(cand.price.step_s), _size(cand.price.peak_memory_bytes)
-                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), _size(cand.price.comm_bytes),
+        rows.append((name, _ms(cand.price.step_s), bytes_text(cand.price.peak_memory_bytes)
+                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), bytes_text(cand.price.comm_bytes),
                      "hand-written"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:

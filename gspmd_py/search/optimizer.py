@@ -78,7 +78,8 @@ class SearchResult:
     classes: tuple[PointClass, ...]
 
 
-def _size(b: float) -> str:
+def bytes_text(b: float) -> str:
+    """``b`` bytes for people: "1.5 GiB", "12 KiB", "7 B"."""
     for unit, k in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if abs(b) >= k:
             return f"{b / k:.3g} {unit}"
@@ -247,10 +248,10 @@ class _Search:
         score, best, _ = self.best()
         if not best.fits:
             raise MemoryLimitError(
-                f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={_size(self.memory_limit)} per "
+                f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={bytes_text(self.memory_limit)} per "
                 f"device ({len(self.memo)} candidates in {time.perf_counter() - self.t0:.1f} s); the smallest peak "
-                f"found is {_size(best.price.peak_memory_bytes)} ({best.text}), dominated by "
-                + "; ".join(f"{w}: {_size(b)}" for w, b in best.price.top_buffers)
+                f"found is {bytes_text(best.price.peak_memory_bytes)} ({best.text}), dominated by "
+                + "; ".join(f"{w}: {bytes_text(b)}" for w, b in best.price.top_buffers)
                 + ". Shard more axes, raise the limit, or shrink these tensors")
         seen, top = set(), []
         for g in sorted(self.memo.values(), key=lambda g: (g[0], g[1].actions)):

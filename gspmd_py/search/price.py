@@ -100,7 +100,7 @@ class Pricer:
         self.propagated += 1
         if self._template is None:
             self._template = Propagation(self.graph, self.mesh, [])
-        return _from_template(self._template, seeds).run()
+        return self._template.with_seeds(seeds).run()
 
     def price(self, seeds: Sequence[Seed]) -> tuple[Price, Propagation]:
         prop = self.propagate(seeds)
@@ -115,21 +115,6 @@ class Pricer:
             got = self._memo[key] = Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.collectives),
                                           _top_buffers(self.graph, self.mesh, prop))
         return got, prop
-
-
-def _from_template(t: Propagation, seeds: Sequence[Seed]) -> Propagation:
-    """A fresh Propagation over ``t``'s graph sharing its per-graph tables (rules, op lists,
-    neighbours): only the per-candidate state is new (as ``Propagation.__init__`` makes it)."""
-    from ..propagation.engine import DimState
-
-    p = Propagation.__new__(Propagation)
-    p.graph, p.mesh, p.seeds = t.graph, t.mesh, list(seeds)
-    p.values, p.ops, p.rules, p.tensors, p.op_by_id, p._near = t.values, t.ops, t.rules, t.tensors, t.op_by_id, t._near
-    p.state = {vid: [DimState() for _ in v.shape] for vid, v in t.values.items()}
-    p.origin, p.projections, p._ts = {}, {}, {}
-    p._dirty = [True] * len(t.ops)
-    p._forward_done = [False] * len(t.ops)
-    return p
 
 
 def _top_buffers(graph: Graph, mesh: Mesh, prop: Propagation, n: int = 3) -> tuple[tuple[str, int], ...]:

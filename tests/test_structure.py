@@ -1,0 +1,134 @@
+"""The package's structure: no import cycles between its modules, no private name imported
+from another module. Read from the source with ast (nothing is imported); every import of a
+package module counts, at module level or inside a function (a deferred import is still a
+dependency)."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import gspmd_py
+
+ROOT = pathlib.Path(gspmd_py.__file__).parent
+PKG = ROOT.name
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+PACKAGES = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def _target(mod: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if mod in PACKAGES else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(mod: str) -> list[tuple[str, str]]:
+    """(imported package module, name imported from it or "") for every import in ``mod``."""
+    out = []
+    for node in ast.walk(ast.parse(MODULES[mod].read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = _target(mod, node)
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in MODULES:
+                    out.append((sub, ""))
+                elif base in MODULES:
+                    out.append((base, a.name))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names if a.name in MODULES]
+    return [(t, name) for t, name in out if t != mod]
+
+
+EDGES = {m: sorted({t for t, _ in _imports(m)}) for m in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (package __init__ re-exports aside)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan, iterative over each node's edges
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in EDGES[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            comps.append(sorted(comp))
+
+    for v in EDGES:
+        if v not in index:
+            visit(v)
+    return [c for c in comps if len([m for m in c if m not in PACKAGES]) > 1]
+
+
+def test_the_package_is_found():
+    assert f"{PKG}.api" in MODULES and f"{PKG}.compiler" in MODULES and len(MODULES) > 50
+
+
+def test_no_import_cycles():
+    assert _cycles() == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    saved = dict(EDGES)
+    try:
+        EDGES[f"{PKG}.mesh"] = EDGES[f"{PKG}.mesh"] + [f"{PKG}.sharding"]
+        assert [f"{PKG}.mesh", f"{PKG}.sharding"] in _cycles()
+    finally:
+        EDGES.clear()
+        EDGES.update(saved)
+
+
+def test_no_private_name_imported_from_another_module():
+    found = [f"{m} imports {name} from {t}" for m in MODULES for t, name in _imports(m)
+             if name.startswith("_") and not name.startswith("__")]
+    assert found == []
+
+
+def _plan_uses(pattern: str) -> list[str]:
+    import re
+
+    rx = re.compile(pattern)
+    out = []
+    for mod, path in MODULES.items():
+        if mod == f"{PKG}.plan":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            out += [f"{mod}:{i} {m.group(0)}" for m in rx.finditer(line)]
+    return out
+
+
+def test_no_module_reads_a_plans_private_fields():
+    assert _plan_uses(r"\b(?:plan|p|self\.plan|self\._plan)\.(_[a-z]\w*)") == []
+
+
+def test_no_module_stores_attributes_on_a_plan():
+    assert _plan_uses(r"\b(?:plan|self\.plan|self\._plan)\.\w+\s*=(?!=)") == []
