@@ -6,10 +6,15 @@
   matmul splits it on its output columns when the activation it meets is not split yet
   (column parallel: the result is split), else on its contracting dim (row parallel: the
   result is a partial sum, one all-reduce); over the last searched axis;
-* data parallel + Megatron on 2+ axes: data over the first axes, Megatron over the last.
+* data parallel + Megatron on 2+ axes: data over the first axes, Megatron over the last;
+* 2D (GSPMD paper's 2D weight sharding, its DenseLm plan) on 2+ axes: Megatron over the
+  last axis, every such weight's largest other dim over the first axis, and the data's
+  leading dim over the first axis and its last (model) dim over the last axis
+  (``wi [M, H]: P("x", "y")``, ``wo [H, M]: P("y", "x")``, ``x [B, L, M]: P("x", None, "y")``).
 
-Weights are inputs met as the right operand of a matmul; data are the other inputs (but
-not the leaves of a first argument that holds weights: ``fn(params, *batch)``).
+Weights are inputs met, possibly through a cast (``w.astype(bf16)``), as the right operand
+of a matmul; data are the other inputs (but not the leaves of a first argument that holds
+weights: ``fn(params, *batch)``).
 """
 from __future__ import annotations
 
@@ -19,12 +24,22 @@ from .context import TacticContext
 from .points import PointClass
 
 
+CASTS = frozenset(("convert_element_type", "copy", "copy_p", "reduce_precision"))
+
+
+def source(v):
+    """``v`` seen through casts: the weight behind ``w.astype(bf16)``."""
+    while v.producer is not None and v.producer.prim in CASTS and len(v.producer.inputs) == 1:
+        v = v.producer.inputs[0]
+    return v
+
+
 def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
     cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values}
     weights: list[int] = []  # value ids, in first-use order
     for op in ctx.graph.walk():
         if op.prim == "dot_general" and len(op.inputs) == 2:
-            lhs, rhs = op.inputs
+            lhs, rhs = source(op.inputs[0]), source(op.inputs[1])
             if rhs.id in cls_of and rhs.id not in weights and lhs.id not in weights:
                 weights.append(rhs.id)
     wset = set(weights)
@@ -50,8 +65,8 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
     tainted: set[int] = set()
     for op in ctx.graph.walk():
         ins_tainted = any(x.id in tainted for x in op.inputs)
-        if op.prim == "dot_general" and len(op.inputs) == 2 and op.inputs[1].id in wset:
-            lhs, rhs = op.inputs
+        if op.prim == "dot_general" and len(op.inputs) == 2 and source(op.inputs[1]).id in wset:
+            lhs, rhs = op.inputs[0], source(op.inputs[1])
             c = cls_of[rhs.id]
             (lc, rc), (lb, rb) = op.params["dimension_numbers"]
             if c not in decided:
@@ -71,6 +86,27 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
     return tuple(decided.values())
 
 
+def _two_d(ctx, classes, cls_of, data, meg, first: str, last: str) -> tuple:
+    """Megatron over ``last`` plus each weight's largest other dim over ``first``; the data's
+    leading dim over ``first`` and its last dim over ``last``."""
+    k = ctx.mesh.axis_size(first)
+    state = list(meg)
+    for c, d, _ in meg:
+        shape = classes[c].shape
+        other = [e for e in range(len(shape)) if e != d and shape[e] % k == 0 and shape[e] >= k]
+        if other:
+            state.append((c, max(other, key=lambda e: (shape[e], -e)), first))
+    kl = ctx.mesh.axis_size(last)
+    for vid in data:
+        c = cls_of[vid]
+        shape = classes[c].shape
+        if shape[0] % k == 0 and (c, 0, first) not in state:
+            state.append((c, 0, first))
+        if len(shape) > 1 and shape[-1] % kl == 0 and (c, len(shape) - 1, last) not in state:
+            state.append((c, len(shape) - 1, last))
+    return tuple(state)
+
+
 def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tuple[str, ...]) -> list:
     """(name, state) of each hand-written plan that applies to this program."""
     cls_of, weights, data = _roles(ctx, classes)
@@ -84,4 +120,6 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
             if len(axes) > 1 and data:
                 dp = _data_parallel(ctx, classes, cls_of, data, axes[:-1])
                 out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]})", dp + meg))
+            if len(axes) > 1:
+                out.append((f"2D ({axes[0]},{axes[-1]})", _two_d(ctx, classes, cls_of, data, meg, axes[0], axes[-1])))
     return [(n, s) for n, s in out if n == "replicated" or s]
