@@ -12,8 +12,9 @@
   leading dim over the first axis and its last (model) dim over the last axis
   (``wi [M, H]: P("x", "y")``, ``wo [H, M]: P("y", "x")``, ``x [B, L, M]: P("x", None, "y")``).
 
-Weights are inputs met, possibly through a cast (``w.astype(bf16)``), as the right operand
-of a matmul; data are the other inputs (but not the leaves of a first argument that holds
+Weights are inputs met, possibly through a cast (``w.astype(bf16)``) or a scan (a stacked
+``[L, ...]`` weight sliced per iteration: the decision goes to the stacked input, one dim
+further), as the right operand of a matmul; data are the other inputs (but not the leaves of a first argument that holds
 weights: ``fn(params, *batch)``).
 """
 from __future__ import annotations
@@ -27,19 +28,46 @@ from .points import PointClass
 CASTS = frozenset(("convert_element_type", "copy", "copy_p", "reduce_precision"))
 
 
-def source(v):
-    """``v`` seen through casts: the weight behind ``w.astype(bf16)``."""
-    while v.producer is not None and v.producer.prim in CASTS and len(v.producer.inputs) == 1:
-        v = v.producer.inputs[0]
-    return v
+def scan_aliases(graph) -> dict:
+    """body input id -> (the scan's operand, dims the body's view drops in front): a scanned
+    ``xs`` operand is seen one leading dim shorter inside the body, consts and carries whole."""
+    out: dict = {}
+    for op in graph.walk():
+        if op.prim != "scan" or not op.regions:
+            continue
+        body = op.regions[0]
+        first_xs = op.params.get("num_consts", 0) + op.params.get("num_carry", 0)
+        for i, (outer, inner) in enumerate(zip(op.inputs, body.inputs)):
+            off = 1 if i >= first_xs else 0
+            if outer.id in out:  # nested: resolve to the outermost operand
+                src, o = out[outer.id]
+                out[inner.id] = (src, o + off)
+            else:
+                out[inner.id] = (outer, off)
+    return out
+
+
+def source(v, aliases=None):
+    """``v`` seen through casts and scans: the weight behind ``w.astype(bf16)`` or behind a
+    scan body's slice of a stacked weight; returns (value, leading dims the view drops)."""
+    off = 0
+    while True:
+        if aliases and v.id in aliases:
+            v, o = aliases[v.id]
+            off += o
+        elif v.producer is not None and v.producer.prim in CASTS and len(v.producer.inputs) == 1:
+            v = v.producer.inputs[0]
+        else:
+            return v, off
 
 
 def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
     cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values}
     weights: list[int] = []  # value ids, in first-use order
+    al = scan_aliases(ctx.graph)
     for op in ctx.graph.walk():
         if op.prim == "dot_general" and len(op.inputs) == 2:
-            lhs, rhs = source(op.inputs[0]), source(op.inputs[1])
+            lhs, rhs = source(op.inputs[0], al)[0], source(op.inputs[1], al)[0]
             if rhs.id in cls_of and rhs.id not in weights and lhs.id not in weights:
                 weights.append(rhs.id)
     wset = set(weights)
@@ -63,22 +91,24 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
     wset = set(weights)
     decided: dict[int, tuple] = {}  # class -> action
     tainted: set[int] = set()
+    al = scan_aliases(ctx.graph)
     for op in ctx.graph.walk():
         ins_tainted = any(x.id in tainted for x in op.inputs)
-        if op.prim == "dot_general" and len(op.inputs) == 2 and source(op.inputs[1]).id in wset:
-            lhs, rhs = op.inputs[0], source(op.inputs[1])
-            c = cls_of[rhs.id]
+        if op.prim == "dot_general" and len(op.inputs) == 2 and source(op.inputs[1], al)[0].id in wset:
+            lhs, rhs = op.inputs[0], op.inputs[1]
+            src, off = source(rhs, al)
+            c = cls_of[src.id]
             (lc, rc), (lb, rb) = op.params["dimension_numbers"]
             if c not in decided:
                 k = ctx.mesh.axis_size(axis)
                 if lhs.id in tainted:  # row parallel: split the contracting dim
                     dims = [d for d in rc if rhs.shape[d] % k == 0]
                     if dims:
-                        decided[c] = (c, dims[0], axis)
+                        decided[c] = (c, dims[0] + off, axis)
                     continue  # the result is a partial sum: reduced, not split
                 dims = [d for d in range(rhs.rank) if d not in rc and d not in rb and rhs.shape[d] % k == 0]
                 if dims:
-                    decided[c] = (c, dims[0], axis)
+                    decided[c] = (c, dims[0] + off, axis)
                     tainted.update(o.id for o in op.outputs)
                 continue
         if ins_tainted:
