@@ -140,3 +140,15 @@ def test_megatron_start_state_sees_through_scan():
     base = dict(res.search.baselines)
     assert base["Megatron (m)"].text == "arg1 dim 2 on m; arg2 dim 1 on m", base["Megatron (m)"].text
     assert res.cost.step_s <= base["Megatron (m)"].price.step_s * 1.0001
+
+
+def test_data_parallel_start_state_leaves_scale_vectors_alone():
+    """x [b, d] is the batch; a scale g [d] passed beside it is not: data parallel splits x only."""
+    def f(x, g, w):
+        return (x * g) @ w
+
+    mesh = gp.Mesh.abstract((8,), ("m",))
+    res = gp.auto_shard(f, mesh, S((64, 256), f32), S((256,), f32), S((256, 512), f32), hardware=HW,
+                        time_budget_s=20)
+    base = dict(res.search.baselines)
+    assert base["data parallel (m)"].text == "arg0 dim 0 on m", base["data parallel (m)"].text

@@ -12,7 +12,8 @@
   leading dim over the first axis and its last (model) dim over the last axis
   (``wi [M, H]: P("x", "y")``, ``wo [H, M]: P("y", "x")``, ``x [B, L, M]: P("x", None, "y")``).
 
-Weights are inputs met, possibly through a cast (``w.astype(bf16)``) or a scan (a stacked
+Data inputs are those whose leading dim is the batch (the leading dim most data bytes
+share). Weights are inputs met, possibly through a cast (``w.astype(bf16)``) or a scan (a stacked
 ``[L, ...]`` weight sliced per iteration: the decision goes to the stacked input, one dim
 further), as the right operand of a matmul; data are the other inputs (but not the leaves of a first argument that holds
 weights: ``fn(params, *batch)``).
@@ -74,7 +75,20 @@ def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
     weight_args = {lf.argnum for v, lf in zip(ctx.graph.inputs, ctx.leaves) if v.id in wset}
     data = [vid for v, lf in zip(ctx.graph.inputs, ctx.leaves) if (vid := v.id) in cls_of and vid not in wset
             and not (lf.argnum == 0 and 0 in weight_args and len(ctx.leaves) > 1)]
-    return cls_of, weights, data
+    return cls_of, weights, _batched(ctx, data)
+
+
+def _batched(ctx: TacticContext, data: list[int]) -> list[int]:
+    """The data inputs that carry the batch: those whose leading dim is the one most data
+    bytes share (a layer norm's scale [d] passed beside x [b, t, d] is no batch)."""
+    if not data:
+        return data
+    by_lead: dict[int, int] = {}
+    for vid in data:
+        v = ctx.value(vid)
+        by_lead[v.shape[0]] = by_lead.get(v.shape[0], 0) + v.nbytes
+    lead = max(by_lead, key=lambda n: (by_lead[n], -n))
+    return [vid for vid in data if ctx.value(vid).shape[0] == lead]
 
 
 def _data_parallel(ctx, classes, cls_of, data, axes) -> tuple:
