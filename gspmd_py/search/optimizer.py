@@ -18,8 +18,9 @@ Method, deterministic for a seed:
 3. hill climbing from the best state over every action (intermediate annotations too) and
    drops, first improvement in a seeded order;
 4. restarts: perturb the best state (drop an action, add a random one; ``random.Random(seed)``)
-   and hill-climb (as 3); stop after 3
-   restarts without a better state.
+   and hill-climb (as 3); stop after 3 restarts without a better state, or once the restarts
+   have evaluated half as many new states as steps 1-3 did (a count, not a clock: the result
+   stays the same on a slower machine; the restarts add at most half the search's work).
 
 The time budget is a hard stop checked between candidates (a budget that cuts the search
 short makes the result depend on the machine's speed; the defaults leave room). Progress
@@ -45,6 +46,7 @@ from .price import Price, Pricer
 
 BEAM = 2
 PATIENCE = 3
+RESTART_SHARE = 0.5  # the restarts evaluate at most this share of the states steps 1-3 did
 
 Action = tuple  # (class index, dim, axis name)
 
@@ -103,6 +105,7 @@ class _Search:
                         for a in self.axes]
         self.input_actions = [x for x in self.actions if self.classes[x[0]].is_input]
         self._shown = 0.0
+        self.cap = float("inf")  # evaluation cap, set when the restarts begin
         self._tty = sys.stderr.isatty()
 
     # -- states ----------------------------------------------------------------------
@@ -210,7 +213,9 @@ class _Search:
 
     def restarts(self) -> None:
         stale = 0
-        while stale < PATIENCE and not self.out_of_time():
+        cap = int(RESTART_SHARE * len(self.memo)) + len(self.memo)
+        self.cap = cap
+        while stale < PATIENCE and not self.out_of_time() and len(self.memo) < cap:
             best_score, best, _ = self.best()
             state = list(best.actions)
             if state and self.rng.random() < 0.7:
@@ -222,15 +227,16 @@ class _Search:
             stale = stale + 1 if not cur[0] < best_score else 0
 
     def climb(self, cur):
-        """First-improvement hill climbing over add / drop moves, in a seeded random order."""
+        """First-improvement hill climbing over add / drop moves, in a seeded random order
+        (stops early once the restarts' evaluation cap is reached)."""
         improved = True
-        while improved and not self.out_of_time():
+        while improved and not self.out_of_time() and len(self.memo) < self.cap:
             improved = False
             moves = [("add", a) for a in self.actions if self.legal(cur[1].actions, a)]
             moves += [("drop", a) for a in cur[1].actions]
             self.rng.shuffle(moves)
             for kind, a in moves:
-                if self.out_of_time():
+                if self.out_of_time() or len(self.memo) >= self.cap:
                     break
                 acts = cur[1].actions
                 nxt = acts + (a,) if kind == "add" else tuple(x for x in acts if x != a)
