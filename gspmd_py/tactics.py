@@ -81,17 +81,23 @@ def _snapshot(ctx: TacticContext) -> dict:
     return {k: [list(d) for d in v] for k, v in ctx.decided.items()}
 
 
+class _OneAxis:
+    """A tactic that decides one mesh axis (``self.axis``)."""
+
+    axis: str
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return (self.axis,)
+
+
 @attrs.frozen
-class Batch:
+class Batch(_OneAxis):
     axis: str
     argnums: Optional[tuple[int, ...]] = None
 
     def __str__(self) -> str:
         return f"batch({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums is not None else "") + ")"
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        return (self.axis,)
 
     def apply(self, ctx: TacticContext) -> None:
         a = _axis(ctx, self.axis, str(self))
@@ -154,16 +160,12 @@ class Rules:
 
 
 @attrs.frozen
-class Zero:
+class Zero(_OneAxis):
     axis: str
     argnums: tuple[int, ...] = (0,)
 
     def __str__(self) -> str:
         return f"zero({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums != (0,) else "") + ")"
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        return (self.axis,)
 
     def apply(self, ctx: TacticContext) -> None:
         from .search.points import elementwise_family
