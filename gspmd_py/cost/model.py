@@ -39,17 +39,17 @@ import attrs
 import numpy as np
 from jax.extend.core import Literal
 
+from ..ops import facts as F
+from ..ops import facts_of
 from ..partitioner.context import Collective
-from ..partitioner.records import KIND, sub_jaxprs
+from ..partitioner.records import sub_jaxprs
 from .collectives import sent_bytes
-from .counting import COLLECTIVES, FREE, eqn_flops, is_alias
+from .counting import eqn_flops, is_alias, is_collective, is_free
 from .fusion import Fusion
 from .hardware import Hardware
 from .memory import Memory, peak_memory
 
 _SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")  # as partitioner/records.py
-INLINE = frozenset(("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-                    "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin"))
 
 
 @attrs.frozen
@@ -261,14 +261,14 @@ class _Walker:
             name = eqn.primitive.name
             r = max((ready.get(v, 0.0) for v in eqn.invars if not isinstance(v, Literal)), default=0.0)
             subs = list(sub_jaxprs(eqn))
-            if name in COLLECTIVES and name in KIND:
+            if is_collective(eqn):
                 rec = self.records[id(eqn)].pop(0)
                 t = self.coll_time(rec)
                 acc.row(key, label).colls.append(CollectiveCost(rec, trips, t))
                 start = max(tm, r)
                 tm = end = start + t
                 serial += t
-            elif is_alias(eqn) or name in FREE:  # same buffer, nothing runs
+            elif is_free(eqn):  # same buffer, nothing runs
                 end = r
             elif subs:
                 t_ser, t_ovl = self.region(eqn, subs, trips, acc, (key, label), known)
@@ -323,13 +323,14 @@ class _Walker:
                 self.notes.append(f"cond in {scope[1]}: costed as its costliest of {len(subs)} branches")
             return best[1], best[2]
         # calls (jit, custom_jvp/vjp, remat, ...): inline, once
+        call = facts_of(name).region == F.CALL
         s_tot = o_tot = 0.0
         for j in subs:
-            if name not in INLINE and j is not subs[0]:
+            if not call and j is not subs[0]:
                 continue
             s, o = self.walk(j, trips, acc, scope, {})
             s_tot, o_tot = s_tot + s, o_tot + o
-            if name in INLINE and name.startswith("custom"):
+            if call and name.startswith("custom"):
                 break  # the primal body only (the jvp/fwd rules are not run)
         return s_tot, o_tot
 
@@ -341,12 +342,12 @@ def _index_records(jaxpr, records: Sequence[Collective]) -> dict:
 
     def walk(j):
         for eqn in j.eqns:
-            if eqn.primitive.name in KIND:
+            if is_collective(eqn):
                 try:
                     rec = next(it)
                 except StopIteration:
                     raise RuntimeError("plan.collectives is shorter than the program's collectives") from None
-                if rec.kind != KIND[eqn.primitive.name]:
+                if rec.kind != facts_of(eqn.primitive.name).collective:
                     raise RuntimeError(f"plan.collectives out of step with the program: {rec.kind} record for a "
                                        f"{eqn.primitive.name} equation")
                 out.setdefault(id(eqn), []).append(rec)

@@ -15,14 +15,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..ops import facts as F
+from ..ops import facts_of
 from .context import Collective
 from .fine_mesh import FineMesh
 
-KIND = {"psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce", "all_gather": "all-gather",
-        "reduce_scatter": "reduce-scatter", "psum_scatter": "reduce-scatter", "all_to_all": "all-to-all",
-        "ppermute": "collective-permute"}
-REDUCE = {"psum": "sum", "pmax": "max", "pmin": "min", "reduce_scatter": "sum", "psum_scatter": "sum"}
-LOOPS = ("scan", "while")
 _SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")
 
 
@@ -48,19 +45,19 @@ def collect(jaxpr, fine: FineMesh, label: Callable[[int], str]) -> list[Collecti
     def walk(j, in_loop: bool, scope: tuple[int, ...], scope_label: str) -> None:
         for eqn in j.eqns:
             ids, text = _scope_of(str(eqn.source_info.name_stack), scope, scope_label, label)
-            name = eqn.primitive.name
-            if name in KIND:
+            facts = facts_of(eqn.primitive.name)
+            if facts.collective:  # its kind and reduce op: ops/program.py
                 axes = _axes(eqn)
                 aval = eqn.invars[0].aval
                 nbytes = sum(int(np.prod(v.aval.shape, dtype=np.int64)) * np.dtype(v.aval.dtype).itemsize
                              for v in eqn.invars)
                 group = int(np.prod([fine.size_of[a] for a in axes], dtype=np.int64))
                 out.append(Collective(
-                    KIND[name], tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
+                    facts.collective, tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
                     op_id=ids[0] if len(ids) == 1 else -1, dtype=str(np.dtype(aval.dtype)), shape=tuple(aval.shape),
-                    reduce=REDUCE.get(name, ""), tensors=max(1, len(ids)), group_size=group, in_loop=in_loop))
+                    reduce=facts.collective_reduce, tensors=max(1, len(ids)), group_size=group, in_loop=in_loop))
             for inner in sub_jaxprs(eqn):
-                walk(inner, in_loop or name in LOOPS, ids, text)
+                walk(inner, in_loop or facts.region == F.LOOP, ids, text)
 
     walk(jaxpr, False, (), "boundary")
     return out
