@@ -46,10 +46,10 @@ def size(aval) -> int:
 
 
 def is_alias(eqn) -> bool:
-    alias = facts_of(eqn.primitive.name).alias
-    if alias == F.SAME_DTYPE:
+    facts = facts_of(eqn.primitive.name)
+    if facts.alias == F.SAME_DTYPE:
         return eqn.invars[0].aval.dtype == eqn.outvars[0].aval.dtype
-    return alias == F.ALWAYS
+    return facts.alias == F.ALWAYS
 
 
 def fusible_producer(eqn) -> bool:

@@ -26,7 +26,7 @@ from typing import Sequence
 import attrs
 from jax.extend.core import Literal
 
-from ..partitioner.records import sub_jaxprs
+from ..partitioner.program_index import sub_jaxprs
 from ..ops import facts_of
 from .counting import fusible_producer, nbytes
 from .fusion import Fusion

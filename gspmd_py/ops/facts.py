@@ -95,6 +95,12 @@ class OpFacts:
     combinable: bool = False  # the combiner may merge independent ones (partitioner/combine.py)
     region: str = attrs.field(default=NO_REGION, validator=_one_of(REGIONS))
 
+    def aliases(self, src_dtype, dst_dtype) -> bool:
+        """Is the result the operand's buffer, for an operand of ``src_dtype`` and a result of ``dst_dtype``?"""
+        if self.alias == SAME_DTYPE:
+            return src_dtype == dst_dtype
+        return self.alias == ALWAYS
+
     @property
     def fusible(self) -> bool:
         return self.fusion == FUSIBLE
