@@ -168,7 +168,7 @@ def _reduced_into(ctx: Ctx, v, depth: int) -> set[str]:
     rule = ctx.rules[op.id]
     if any(rule.factors[f].reduce not in ("", "sum") for f in rule.of_kind("reduction")):
         return set()
-    axes = set(ctx.plans[op.id].reduction_axes(rule))
+    axes = set(ctx.plans[op.id].partial_axes)
     lin = facts_of(op.prim).linearity
     if lin in _MOVES:
         axes |= _reduced_into(ctx, op.inputs[0], depth - 1) if op.inputs else set()
