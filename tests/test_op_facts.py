@@ -45,6 +45,9 @@ def test_flops_and_fusion():
     assert ops.facts_of("reshape").alias == F.ALWAYS
     assert ops.facts_of("convert_element_type").alias == F.SAME_DTYPE
     assert ops.facts_of("scatter-add").inplace and ops.facts_of("dynamic_update_slice").inplace
+    assert ops.facts_of("gather").access == ops.facts_of("slice").access == F.WINDOW_READ
+    assert ops.facts_of("dynamic_update_slice").access == F.UPDATE
+    assert ops.facts_of("scatter-sub").access == F.SCATTER_UPDATE and ops.facts_of("add").access == F.WHOLE
 
 
 def test_program_only_primitives():

@@ -10,7 +10,7 @@ primitive must declare its facts (checked at import, as the handler names are)::
 The passes read them: ``partitioner/partial.py`` (``linearity``: which partial values pass
 through the op unreduced), ``partitioner/generic.py`` (``localize``: how its shape parameters
 become local), ``cost/counting.py`` and ``cost/fusion.py`` (``flops``, ``transcendental``,
-``fusion``, ``alias``), ``cost/memory.py`` (``inplace``), the windowed handler (``init``: the
+``fusion``, ``alias``, ``access``), ``cost/memory.py`` (``inplace``), the windowed handler (``init``: the
 reduce op whose identity is the op's init value), ``partitioner/records.py`` and
 ``partitioner/combine.py`` (``collective``, ``collective_reduce``, ``combinable``) and the cost
 model's walk (``region``).
@@ -61,6 +61,13 @@ FUSIONS = (FUSIBLE, FUSED_CONSUMER, OPAQUE)
 NO_ALIAS, ALWAYS, SAME_DTYPE = "", "always", "same_dtype"
 ALIASES = (NO_ALIAS, ALWAYS, SAME_DTYPE)
 
+# -- memory access: what the op reads and writes (cost/fusion.py) ---------------------------
+WHOLE = ""  # reads its materialized operands, writes its materialized results
+WINDOW_READ = "window"  # reads of operand 0 only the window it takes (at most its result's bytes)
+UPDATE = "update"  # dynamic_update_slice: reads and writes its update (operand 1) in place
+SCATTER_UPDATE = "scatter"  # scatter: reads indices and updates (+ the updates again), writes the updates
+ACCESSES = (WHOLE, WINDOW_READ, UPDATE, SCATTER_UPDATE)
+
 # -- region: how the cost model walks an op's sub-programs -----------------------------------
 NO_REGION, LOOP, CALL = "", "loop", "call"  # LOOP: runs its body per iteration; CALL: inlined once
 REGIONS = (NO_REGION, LOOP, CALL)
@@ -87,6 +94,7 @@ class OpFacts:
     fusion: str = attrs.field(default=OPAQUE, validator=_one_of(FUSIONS))
     alias: str = attrs.field(default=NO_ALIAS, validator=_one_of(ALIASES))
     inplace: bool = False  # a result may be written over a dying operand of its size (memory.py)
+    access: str = attrs.field(default=WHOLE, validator=_one_of(ACCESSES))  # bytes read/written (fusion.py)
     linearity: str = attrs.field(default=NONLINEAR, validator=_one_of(LINEARITIES))
     localize: Optional[Localize] = None  # its shape parameters made local (None: kept as they are)
     init: str = ""  # the reduce op whose identity is its init value (reduce_window_sum: "sum")

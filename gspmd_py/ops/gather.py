@@ -89,7 +89,7 @@ def _local_gather(params: dict, shapes, local, out_local) -> dict:
     return {**params, "slice_sizes": sizes}
 
 
-declare("gather", facts=F.OpFacts(F.ZERO, localize=_local_gather))
+declare("gather", facts=F.OpFacts(F.ZERO, localize=_local_gather, access=F.WINDOW_READ))
 declare("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
-        "scatter-max", "scatter_max", facts=F.OpFacts(F.SCATTER_FLOPS, inplace=True))
-declare("scatter-sub", "scatter_sub", facts=F.OpFacts(F.SCATTER_FLOPS))
+        "scatter-max", "scatter_max", facts=F.OpFacts(F.SCATTER_FLOPS, inplace=True, access=F.SCATTER_UPDATE))
+declare("scatter-sub", "scatter_sub", facts=F.OpFacts(F.SCATTER_FLOPS, access=F.SCATTER_UPDATE))
