@@ -8,7 +8,8 @@
 * ``partition``: graph + propagation -> the per-device program and its diagnostics
   (``Partitioned``: notes, fallbacks, host calls, the collectives shaped for a hardware).
 * ``combine``: the per-device program with independent collectives merged.
-* ``index``: the collectives read back from the program (``Collective`` records).
+* ``index``: the program read once (``ProgramIndex``): per equation its op, its loops' trip
+  counts and its collectives (the ``Collective`` records), read by the cost model.
 
 Each pass is a function that can be run on its own (tests, the search); ``plan_jaxpr`` runs
 them in order and wraps the result in a ``Plan``::
@@ -18,7 +19,7 @@ them in order and wraps the result in a ``Plan``::
     prop = propagate(s.graph, mesh, s.seeds)
     part = partition(s.graph, mesh, prop)
     program = combine(part.program, DEFAULT_THRESHOLD_BYTES, part.fine)
-    records = index(program, part.fine, s.graph)
+    idx = index(program, part.fine, s.graph)       # idx.collectives: the Collective records
 """
 from __future__ import annotations
 
@@ -35,12 +36,12 @@ from .ir import Graph, Op, Value
 from .layout import own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
-from .partitioner.context import Collective, Ctx
+from .partitioner.context import Ctx
 from .partitioner.fine_mesh import FineMesh
 from .partitioner.hierarchy import link_refs
 from .partitioner.program import build_body, fine_plan, op_label, warn_fallbacks
 from .partitioner.pvalue import FineDims
-from .partitioner.records import collect
+from .partitioner.program_index import ProgramIndex
 from .partitioner.shaping import Shaping
 from .plan import Plan
 from .propagation import Propagation, Seed
@@ -183,11 +184,12 @@ def combine(program: ClosedJaxpr, threshold_bytes: int, fine: FineMesh) -> Close
     return combiner.combine(program, threshold_bytes, list(zip(fine.names, fine.sizes)))
 
 
-def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> tuple[Collective, ...]:
-    """Pass 6: every collective of ``program``, in program order, with the op of ``graph``
-    that caused it (read back from the program, loop and branch bodies included)."""
+def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
+    """Pass 6: the program index (partitioner/program_index.py): per equation of ``program``
+    (loop and branch bodies included) the op of ``graph`` that caused it, its loops' trip
+    counts and its collectives; ``.collectives``: every collective, in program order."""
     labels = {op.id: op_label(op) for op in graph.walk()}
-    return tuple(collect(program.jaxpr, fine, lambda i: labels.get(i, f"op {i}")))
+    return ProgramIndex.build(program, fine, lambda i: labels.get(i, f"op {i}"))
 
 
 # -- all of them --------------------------------------------------------------------------

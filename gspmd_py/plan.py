@@ -31,7 +31,7 @@ class Plan:
     compiler.plan_jaxpr from its passes' results)."""
 
     def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, partitioned, program,
-                 collectives, *, in_tree, out_tree, in_names: list[str], donate_argnums: tuple[int, ...] = (),
+                 index, *, in_tree, out_tree, in_names: list[str], donate_argnums: tuple[int, ...] = (),
                  combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, tactics: tuple = ()):
         self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
         self.donate_argnums = tuple(donate_argnums)  # flat input indices, passed to jax.jit
@@ -41,7 +41,8 @@ class Plan:
         self._shardings = partitioned.shardings
         self.fine, self.ctx, self.shaping = partitioned.fine, partitioned.ctx, partitioned.shaping
         self.program = program  # the per-device program, collectives combined
-        self._collectives = tuple(collectives)
+        self.index = index  # partitioner/program_index.py: per equation its op, loop counts, collectives
+        self._collectives = tuple(index.collectives)
         self._build(partitioned.in_dims, partitioned.out_dims)
 
     # -- what the views, the boundary and the primitive read -------------------------

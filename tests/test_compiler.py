@@ -91,7 +91,7 @@ def test_partition_on_given_projections_emits_their_collectives():
     dp = compiler.partition(g, MESH, compiler.propagate(g, MESH, x_only.seeds))
     assert not any(e.primitive.name in ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
                    for e in dp.program.jaxpr.eqns)
-    assert compiler.index(dp.program, dp.fine, g) == ()
+    assert compiler.index(dp.program, dp.fine, g).collectives == ()
 
 
 def test_index_over_a_program():
@@ -104,7 +104,7 @@ def test_index_over_a_program():
         return s, t
 
     program = jax.make_jaxpr(body, axis_env=[("x", 2), ("y", 4)])(S((4, 8), jnp.float32), S((2, 3), jnp.float32))
-    records = compiler.index(program, fine, traced())
+    records = compiler.index(program, fine, traced()).collectives
     assert [(c.kind, c.axes, c.bytes_per_device) for c in records] == [
         ("all-reduce", ("y",), 4 * 8 * 4), ("all-gather", ("x",), 2 * 3 * 4)]
 
@@ -113,11 +113,11 @@ def test_combine_merges_independent_collectives():
     fine = FineMesh.build(MESH, [MESH.ref("y")])
     program = jax.make_jaxpr(lambda a, b: (lax.psum(a, "y"), lax.psum(b, "y")), axis_env=[("x", 2), ("y", 4)])(
         S((4,), jnp.float32), S((8,), jnp.float32))
-    assert len(compiler.index(program, fine, traced())) == 2
+    assert len(compiler.index(program, fine, traced()).collectives) == 2
     combined = compiler.combine(program, compiler.DEFAULT_THRESHOLD_BYTES, fine)
-    [c] = compiler.index(combined, fine, traced())  # one all-reduce of both buffers, flattened
+    [c] = compiler.index(combined, fine, traced()).collectives  # one all-reduce of both buffers, flattened
     assert c.kind == "all-reduce" and c.shape == (12,) and c.bytes_per_device == 4 * 12
-    assert len(compiler.index(compiler.combine(program, 0, fine), fine, traced())) == 2  # threshold 0: off
+    assert len(compiler.index(compiler.combine(program, 0, fine), fine, traced()).collectives) == 2  # threshold 0: off
 
 
 def test_plan_jaxpr_is_the_passes_in_order():
@@ -127,7 +127,7 @@ def test_plan_jaxpr_is_the_passes_in_order():
     part = compiler.partition(s.graph, MESH, compiler.propagate(s.graph, MESH, s.seeds), name="mlp")
     program = compiler.combine(part.program, compiler.DEFAULT_THRESHOLD_BYTES, part.fine)
     assert str(program) == plan.spmd_text()
-    assert [str(c) for c in compiler.index(program, part.fine, s.graph)] == [str(c) for c in plan.collectives]
+    assert [str(c) for c in compiler.index(program, part.fine, s.graph).collectives] == [str(c) for c in plan.collectives]
     assert plan.sharding_of("hidden").spec == P("x", "y")
     assert plan.in_names == ("arg0", "arg1", "arg2") and plan.tactics == ()
 

@@ -262,7 +262,7 @@ def test_combined_collective_is_priced_as_one():
     from types import SimpleNamespace
 
     from gspmd_py.partitioner.fine_mesh import FineMesh
-    from gspmd_py.partitioner.records import collect
+    from gspmd_py.partitioner.program_index import ProgramIndex
 
     mesh = gp.Mesh.abstract((4,), ("m",))
     fine = FineMesh.build(mesh, [])
@@ -282,8 +282,8 @@ def test_combined_collective_is_priced_as_one():
     def fake_plan(fn):
         program = jax.make_jaxpr(fn, axis_env=[("m", 4)])(S((8,), F32), S((8,), F32))
         graph = SimpleNamespace(walk=lambda: [])
-        return SimpleNamespace(graph=graph, mesh=mesh, program=program,
-                               collectives=collect(program.jaxpr, fine, lambda i: f"op {i}"))
+        index = ProgramIndex.build(program, fine, lambda i: f"op {i}")
+        return SimpleNamespace(graph=graph, mesh=mesh, program=program, index=index, collectives=index.collectives)
 
     one, two = fake_plan(combined), fake_plan(separate)
     (rec,) = one.collectives

@@ -10,6 +10,9 @@ FLOPs (multiply and add count 2, as XLA's HloCostAnalysis does):
   reductions 1 per input element; sort ``n log2(len)``; windowed reductions
   ``out * window``; data movement (reshape, transpose, slice, gather, ...) 0.
 
+Which count applies is the op's ``OpFacts.flops`` (declared with its rule in ``ops/``);
+an op nobody declared counts one per output element.
+
 Bytes: what an equation reads and writes under XLA-style loop fusion (``materialized``):
 a value produced by a fusible op (elementwise, broadcast, layout) and consumed only by
 fusible ops (or reductions) never reaches memory; everything else does. ``reshape``-like
@@ -27,31 +30,8 @@ from typing import Iterable
 
 import numpy as np
 
-ELEMENTWISE = frozenset("""
-abs acos acosh add add_any and asin asinh atan atan2 atanh bitcast_convert_type cbrt ceil clamp
-complex conj convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2
-expm1 floor ge gt igamma imag integer_pow is_finite le lgamma log log1p logistic lt max min mul
-ne neg nextafter not or population_count clz pow real reduce_precision rem round rsqrt select_n
-shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan tanh xor
-square erf_inv random_wrap random_unwrap
-""".split())
-TRANSCENDENTAL = frozenset("""
-acos acosh asin asinh atan atan2 atanh cbrt cos cosh digamma erf erf_inv erfc exp exp2 expm1
-igamma lgamma log log1p logistic pow rsqrt sin sinh sqrt tan tanh
-""".split())
-LAYOUT = frozenset("""
-broadcast_in_dim transpose slice rev pad concatenate iota dynamic_slice select_n squeeze
-expand_dims reshape
-""".split())
-REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor "
-                       "argmax argmin".split())
-# the output is the operand's buffer: no bytes, no new buffer
-ALIAS = frozenset("reshape squeeze expand_dims gspmd_annotate gspmd_tag gspmd_pipeline optimization_barrier "
-                  "stop_gradient".split())
-CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
-COLLECTIVES = frozenset("psum pmax pmin all_gather reduce_scatter psum_scatter all_to_all ppermute".split())
-FREE = frozenset("axis_index".split())
-
+from ..ops import facts as F
+from ..ops import facts_of
 
 def nbytes(aval) -> int:
     try:
@@ -66,29 +46,36 @@ def size(aval) -> int:
 
 
 def is_alias(eqn) -> bool:
-    name = eqn.primitive.name
-    if name in ALIAS:
-        return True
-    if name == "convert_element_type":
+    facts = facts_of(eqn.primitive.name)
+    if facts.alias == F.SAME_DTYPE:
         return eqn.invars[0].aval.dtype == eqn.outvars[0].aval.dtype
-    return False
+    return facts.alias == F.ALWAYS
 
 
 def fusible_producer(eqn) -> bool:
-    n = eqn.primitive.name
-    return n in ELEMENTWISE or n in LAYOUT or n == "random_bits" or n == "threefry2x32"
+    return facts_of(eqn.primitive.name).fusible
 
 
 def fusible_consumer(eqn) -> bool:
-    return fusible_producer(eqn) or eqn.primitive.name in REDUCTIONS
+    return facts_of(eqn.primitive.name).fused_consumer
+
+
+def is_collective(eqn) -> bool:
+    return bool(facts_of(eqn.primitive.name).collective)
+
+
+def is_free(eqn) -> bool:
+    """Nothing runs: an alias of its operand, or an op that costs nothing (axis_index)."""
+    return facts_of(eqn.primitive.name).flops == F.FREE or is_alias(eqn)
 
 
 def eqn_flops(eqn) -> tuple[int, int]:
     """(FLOPs, transcendental elements) of one equation, without its sub-jaxprs."""
-    name = eqn.primitive.name
+    facts = facts_of(eqn.primitive.name)
+    kind = facts.flops
     p = eqn.params
     outs = [v.aval for v in eqn.outvars]
-    if name == "dot_general":
+    if kind == F.DOT_FLOPS:
         (lc, rc), (lb, rb) = p["dimension_numbers"]
         la, ra = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
         batch = _prod(la[d] for d in lb)
@@ -96,36 +83,34 @@ def eqn_flops(eqn) -> tuple[int, int]:
         lfree = _prod(la[d] for d in range(len(la)) if d not in lc and d not in lb)
         rfree = _prod(ra[d] for d in range(len(ra)) if d not in rc and d not in rb)
         return 2 * batch * lfree * rfree * contract, 0
-    if name == "conv_general_dilated":
+    if kind == F.CONV_FLOPS:
         return conv_flops(eqn), 0
-    if name in FREE or is_alias(eqn) or name in COLLECTIVES:
+    if kind in (F.FREE, F.ZERO) or is_alias(eqn) or facts.collective:
         return 0, 0
-    if name in ELEMENTWISE:
+    if kind in (F.ELEMENTWISE_FLOPS, F.PER_OUTPUT):
         n = sum(size(a) for a in outs)
-        return n, (n if name in TRANSCENDENTAL else 0)
-    if name in LAYOUT or name in ("gather", "dynamic_update_slice", "copy", "device_put"):
-        return 0, 0
-    if name in REDUCTIONS:
+        return n, (n if facts.transcendental else 0)
+    if kind == F.REDUCTION_FLOPS:
         return sum(size(v.aval) for v in eqn.invars), 0
-    if name in CUMULATIVE:
-        return size(eqn.invars[0].aval), (size(eqn.invars[0].aval) if name == "cumlogsumexp" else 0)
-    if name == "sort":
+    if kind == F.CUMULATIVE_FLOPS:
+        n = size(eqn.invars[0].aval)
+        return n, (n if facts.transcendental else 0)
+    if kind == F.SORT_FLOPS:
         a = eqn.invars[0].aval
         dim = a.shape[p.get("dimension", -1)] if a.shape else 1
         return size(a) * max(1, math.ceil(math.log2(max(dim, 2)))) * len(eqn.invars), 0
-    if name == "top_k":
+    if kind == F.TOP_K_FLOPS:
         a = eqn.invars[0].aval
         return size(a) * max(1, math.ceil(math.log2(max(p.get("k", 1), 2)))), 0
-    if name.startswith("scatter"):
+    if kind == F.SCATTER_FLOPS:
         return size(eqn.invars[2].aval) if len(eqn.invars) > 2 else 0, 0
-    if name.startswith("reduce_window") or name == "select_and_gather_add":
+    if kind == F.WINDOW_FLOPS:
         window = _prod(p.get("window_dimensions", ()))
         return sum(size(a) for a in outs) * window, 0
-    if name == "select_and_scatter_add":
+    if kind == F.SELECT_SCATTER_FLOPS:
         window = _prod(p.get("window_dimensions", ()))
         return size(eqn.invars[0].aval) * window, 0
-    # unknown: one op per output element
-    return sum(size(a) for a in outs), 0
+    raise AssertionError(f"unknown FLOPs kind {kind!r}")
 
 
 def conv_flops(eqn) -> int:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from jax.extend.core import Literal
 
+from ..ops import facts as F
+from ..ops import facts_of
 from .counting import fusible_consumer, fusible_producer, is_alias, nbytes
 
 
@@ -64,11 +66,11 @@ class Fusion:
         return self._mat.get(self.root(v), True)
 
     def read_bytes(self, eqn) -> int:
-        """Bytes an equation reads from memory (its materialized operands)."""
-        name = eqn.primitive.name
-        if name == "dynamic_update_slice":
+        """Bytes an equation reads from memory (its materialized operands; ``OpFacts.access``)."""
+        access = facts_of(eqn.primitive.name).access
+        if access == F.UPDATE:
             return nbytes(eqn.invars[1].aval)
-        if name.startswith("scatter"):
+        if access == F.SCATTER_UPDATE:
             return sum(nbytes(v.aval) for v in eqn.invars[1:]) + nbytes(eqn.invars[2].aval)
         out = sum(nbytes(v.aval) for v in eqn.outvars)
         total = 0
@@ -76,15 +78,15 @@ class Fusion:
             if not self.materialized(v):
                 continue
             b = nbytes(v.aval)
-            if name in ("gather", "dynamic_slice", "slice") and k == 0:
+            if access == F.WINDOW_READ and k == 0:
                 b = min(b, out)  # reads only the window it takes
             total += b
         return total
 
     def write_bytes(self, eqn) -> int:
-        name = eqn.primitive.name
-        if name == "dynamic_update_slice" or name.startswith("scatter"):
-            upd = eqn.invars[1] if name == "dynamic_update_slice" else eqn.invars[2]
+        access = facts_of(eqn.primitive.name).access
+        if access in (F.UPDATE, F.SCATTER_UPDATE):
+            upd = eqn.invars[1] if access == F.UPDATE else eqn.invars[2]
             return nbytes(upd.aval)  # in place
         return sum(nbytes(v.aval) for v in eqn.outvars if self.materialized(v) and self.root(v) is v)
 

@@ -8,8 +8,9 @@ a reshape shares its operand's buffer). Walking the equations in program order:
 * each equation allocates its results, then frees every buffer whose last use it was
   (results nobody uses are freed at once); outputs stay live to the end;
 * a result may reuse, in place, an operand buffer of the same size that dies at this
-  equation when the op is elementwise-like (a fusion, dynamic_update_slice, scatter,
-  a loop's carry): how a donated parameter becomes the updated parameter;
+  equation when the op is elementwise-like (a fusion) or ``OpFacts.inplace``
+  (dynamic_update_slice, scatter, a while loop's carry): how a donated parameter becomes
+  the updated parameter;
 * a loop or branch adds its body's own peak (the body's temporaries; its parameters are
   the loop's operands, already counted).
 
@@ -25,12 +26,10 @@ from typing import Sequence
 import attrs
 from jax.extend.core import Literal
 
-from ..partitioner.records import sub_jaxprs
+from ..partitioner.program_index import sub_jaxprs
+from ..ops import facts_of
 from .counting import fusible_producer, nbytes
 from .fusion import Fusion
-
-INPLACE = frozenset(("dynamic_update_slice", "while", "scatter", "scatter-add", "scatter_add", "scatter-mul",
-                     "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max"))
 
 
 @attrs.frozen
@@ -100,7 +99,7 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
                 new.append(v)
         dying = [r for r in free_at.get(i, ()) if r not in held and r in size]
         alloc = sum(size[v] for v in new)
-        if (fusible_producer(eqn) or eqn.primitive.name in INPLACE) and new:
+        if (fusible_producer(eqn) or facts_of(eqn.primitive.name).inplace) and new:
             free_sizes = sorted((size[r] for r in dying), reverse=True)
             for v in sorted(new, key=lambda v: -size[v]):  # results written over dying operands
                 if size[v] in free_sizes:

@@ -3,10 +3,11 @@
 Everything is read from the plan's own records, never from JAX's execution:
 
 * ``plan.program``: the per-device program (local shapes). Each equation's FLOPs and bytes
-  (counting.py, fusion.py), its op from the ``op<id>`` name scope, loop bodies times their
-  trip count (``scan``: ``length``; ``while``: derived when the loop counts a constant
-  range — ``i = c0; while i < c1: i += s`` — else ``while_trips``, said in ``notes``),
-  ``cond``: the costliest branch.
+  (counting.py, fusion.py); its op, its collectives and its loops' trip counts are read
+  from ``plan.index`` (partitioner/program_index.py: ``scan``: ``length``; ``while``:
+  derived when the loop counts a constant range — ``i = c0; while i < c1: i += s`` — else
+  ``while_trips``, said in ``notes``); loop bodies count times their trip count, ``cond``:
+  its costliest branch.
 * ``plan.collectives``: every collective (kind, axes, bytes), priced over the links that
   ``hw`` gives its axes (collectives.py), as the runtime runs it (``hw.algorithm``: one
   flat all-reduce over NVLink and the network is one ring paced by the network; the phased
@@ -31,25 +32,22 @@ Memory: a liveness walk over the buffers of the program (memory.py).
 """
 from __future__ import annotations
 
-import math
 import re
-from typing import Optional, Sequence
 
 import attrs
 import numpy as np
 from jax.extend.core import Literal
 
+from ..ops import facts as F
+from ..ops import facts_of
 from ..partitioner.context import Collective
-from ..partitioner.records import KIND, sub_jaxprs
+from ..partitioner.program_index import Path, ProgramIndex, sub_jaxprs
 from .collectives import sent_bytes
-from .counting import COLLECTIVES, FREE, eqn_flops, is_alias
+from .counting import eqn_flops, is_collective, is_free
 from .fusion import Fusion
 from .hardware import Hardware
 from .memory import Memory, peak_memory
 
-_SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")  # as partitioner/records.py
-INLINE = frozenset(("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-                    "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin"))
 
 
 @attrs.frozen
@@ -203,29 +201,8 @@ class _Walker:
     def __init__(self, plan, hw: Hardware, while_trips: int):
         self.plan, self.hw, self.while_trips = plan, hw, while_trips
         self.notes: list[str] = []
-        self.labels = {}
-        from ..partitioner.program import op_label
-
-        for op in plan.graph.walk():
-            self.labels[op.id] = op_label(op)
-        self.records = _index_records(plan.program.jaxpr, plan.collectives)
+        self.index: ProgramIndex = plan.index  # per equation (by path): its op, collectives, loop counts
         self._levels: dict = {}
-
-    # scope of an equation: (key, label)
-    def scope(self, eqn, outer: tuple[str, str]) -> tuple[str, str]:
-        found = None
-        for m in _SCOPE.finditer(str(eqn.source_info.name_stack)):
-            found = m
-        if found is None:
-            return outer
-        if found.group(2):
-            i = int(found.group(2))
-            return f"op{i}", self.labels.get(i, f"op {i}")
-        if found.group(3):
-            ids = found.group(3)
-            return f"combined:{ids}", "combined: " + "; ".join(self.labels.get(int(i), f"op {i}")
-                                                               for i in ids.split(","))
-        return "boundary", "boundary"
 
     def coll_time(self, c: Collective) -> float:
         key = (c.kind, c.axes, c.bytes_per_device)
@@ -248,30 +225,29 @@ class _Walker:
         t = max(ct, nb / hw.mem_bandwidth) + hw.op_overhead * fusion.launches(eqn)
         return t, flops, trans, nb
 
-    def walk(self, jaxpr, trips: int, acc: _Acc, outer: tuple[str, str], consts: dict) -> tuple[float, float]:
-        """Adds one execution of ``jaxpr`` x ``trips`` to ``acc``; returns (serial, overlapped)
-        seconds of one execution."""
+    def walk(self, jaxpr, trips: int, acc: _Acc, path: Path) -> tuple[float, float]:
+        """Adds one execution of ``jaxpr`` (at ``path`` in the program) x ``trips`` to ``acc``;
+        returns (serial, overlapped) seconds of one execution."""
         fusion = Fusion(jaxpr)
         ready: dict = {}
         tc = tm = 0.0
         serial = 0.0
-        known = dict(consts)
-        for eqn in jaxpr.eqns:
-            key, label = self.scope(eqn, outer)
-            name = eqn.primitive.name
+        for i, eqn in enumerate(jaxpr.eqns):
+            entry = self.index.at(path + (i,))
+            key, label = entry.key, entry.label
             r = max((ready.get(v, 0.0) for v in eqn.invars if not isinstance(v, Literal)), default=0.0)
             subs = list(sub_jaxprs(eqn))
-            if name in COLLECTIVES and name in KIND:
-                rec = self.records[id(eqn)].pop(0)
+            if is_collective(eqn):
+                (rec,) = entry.collectives
                 t = self.coll_time(rec)
                 acc.row(key, label).colls.append(CollectiveCost(rec, trips, t))
                 start = max(tm, r)
                 tm = end = start + t
                 serial += t
-            elif is_alias(eqn) or name in FREE:  # same buffer, nothing runs
+            elif is_free(eqn):  # same buffer, nothing runs
                 end = r
             elif subs:
-                t_ser, t_ovl = self.region(eqn, subs, trips, acc, (key, label), known)
+                t_ser, t_ovl = self.region(eqn, subs, trips, acc, entry)
                 start = max(tc, tm, r)
                 tc = tm = end = start + t_ovl
                 serial += t_ser
@@ -285,160 +261,54 @@ class _Walker:
                 start = max(tc, r)
                 tc = end = start + t
                 serial += t
-                _fold_const(eqn, known)
             for v in eqn.outvars:
                 ready[v] = end
         makespan = max([tc, tm] + [ready.get(v, 0.0) for v in jaxpr.outvars if not isinstance(v, Literal)])
         return serial, makespan
 
-    def region(self, eqn, subs, trips: int, acc: _Acc, scope, known: dict) -> tuple[float, float]:
+    def region(self, eqn, subs, trips: int, acc: _Acc, entry) -> tuple[float, float]:
         name = eqn.primitive.name
         p = eqn.params
+        label = entry.label
         if name == "scan":
-            n = int(p["length"])
-            s, o = self.walk(subs[0], trips * n, acc, scope, {})
+            n = entry.trip_count
+            s, o = self.walk(subs[0], trips * n, acc, entry.path + (0,))
             return s * n, o * n
         if name == "while":
             cond = p["cond_jaxpr"].jaxpr
-            n = while_trip_count(eqn, known)
+            n = entry.trip_count
             if n is None:
                 n = self.while_trips
-                self.notes.append(f"while loop in {scope[1]}: trip count not derivable, assumed {n} "
+                self.notes.append(f"while loop in {label}: trip count not derivable, assumed {n} "
                                   f"(plan.cost(..., while_trips=N))")
             total_s = total_o = 0.0
-            for j in subs:  # in the records' order
+            for k_sub, j in enumerate(subs):
                 k = n + 1 if j is cond else n
-                s, o = self.walk(j, trips * k, acc, scope, {})
+                s, o = self.walk(j, trips * k, acc, entry.path + (k_sub,))
                 total_s, total_o = total_s + s * k, total_o + o * k
             return total_s, total_o
         if name == "cond":
             best = None
-            for j in subs:  # every branch is walked (its records are consumed); the costliest counts
+            for k_sub, j in enumerate(subs):  # every branch is walked; the costliest counts
                 a = _Acc()
-                s, o = self.walk(j, trips, a, scope, {})
+                s, o = self.walk(j, trips, a, entry.path + (k_sub,))
                 if best is None or a.seconds > best[0].seconds:
                     best = (a, s, o)
             acc.add(best[0])
             if len(subs) > 1:
-                self.notes.append(f"cond in {scope[1]}: costed as its costliest of {len(subs)} branches")
+                self.notes.append(f"cond in {label}: costed as its costliest of {len(subs)} branches")
             return best[1], best[2]
         # calls (jit, custom_jvp/vjp, remat, ...): inline, once
+        call = facts_of(name).region == F.CALL
         s_tot = o_tot = 0.0
-        for j in subs:
-            if name not in INLINE and j is not subs[0]:
+        for k_sub, j in enumerate(subs):
+            if not call and j is not subs[0]:
                 continue
-            s, o = self.walk(j, trips, acc, scope, {})
+            s, o = self.walk(j, trips, acc, entry.path + (k_sub,))
             s_tot, o_tot = s_tot + s, o_tot + o
-            if name in INLINE and name.startswith("custom"):
+            if call and name.startswith("custom"):
                 break  # the primal body only (the jvp/fwd rules are not run)
         return s_tot, o_tot
-
-
-def _index_records(jaxpr, records: Sequence[Collective]) -> dict:
-    """Map each collective equation (by identity) to its records, walking as records.py does."""
-    out: dict = {}
-    it = iter(records)
-
-    def walk(j):
-        for eqn in j.eqns:
-            if eqn.primitive.name in KIND:
-                try:
-                    rec = next(it)
-                except StopIteration:
-                    raise RuntimeError("plan.collectives is shorter than the program's collectives") from None
-                if rec.kind != KIND[eqn.primitive.name]:
-                    raise RuntimeError(f"plan.collectives out of step with the program: {rec.kind} record for a "
-                                       f"{eqn.primitive.name} equation")
-                out.setdefault(id(eqn), []).append(rec)
-            for inner in sub_jaxprs(eqn):
-                walk(inner)
-
-    walk(jaxpr)
-    return out
-
-
-def _fold_const(eqn, known: dict) -> None:
-    """Track scalar constants (literals and arithmetic on them) for while trip counts."""
-    vals = []
-    for v in eqn.invars:
-        if isinstance(v, Literal):
-            vals.append(v.val)
-        elif v in known:
-            vals.append(known[v])
-        else:
-            return
-    name = eqn.primitive.name
-    try:
-        if name in ("convert_element_type", "copy", "copy_p") or is_alias(eqn):
-            res = vals[0]
-        elif name == "add":
-            res = vals[0] + vals[1]
-        elif name == "sub":
-            res = vals[0] - vals[1]
-        elif name == "mul":
-            res = vals[0] * vals[1]
-        else:
-            return
-        if np.ndim(res) == 0:
-            known[eqn.outvars[0]] = res
-    except Exception:  # noqa: BLE001 - best effort only
-        return
-
-
-def while_trip_count(eqn, known: dict) -> Optional[int]:
-    """Trips of ``while i < c1: ...; i += s`` with i's start, c1 and s constants, else None."""
-    p = eqn.params
-    cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    ops = eqn.invars
-    cond_consts, init = ops[:nc], ops[nc + nb:]
-    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name not in ("lt", "le", "gt", "ge", "ne"):
-        return None
-    ce = cond.eqns[0]
-    if list(cond.outvars) != list(ce.outvars):
-        return None
-
-    def value(v):
-        if isinstance(v, Literal):
-            return v.val
-        if v in cond.invars[:nc]:
-            src = cond_consts[cond.invars.index(v)]
-            return value_outer(src)
-        if v in cond.invars[nc:]:
-            k = cond.invars.index(v) - nc
-            if body.outvars[k] is body.invars[nb + k]:  # loop-invariant carry
-                return value_outer(init[k])
-        return None
-
-    def value_outer(v):
-        if isinstance(v, Literal):
-            return v.val
-        return known.get(v)
-
-    a, b = ce.invars
-    rel = ce.primitive.name
-    if rel in ("gt", "ge"):
-        a, b = b, a
-        rel = "lt" if rel == "gt" else "le"
-    if isinstance(a, Literal) or a not in cond.invars[nc:]:
-        return None
-    k = cond.invars.index(a) - nc
-    start, stop = value_outer(init[k]), value(b)
-    if start is None or stop is None:
-        return None
-    out = body.outvars[k]
-    step = None
-    for be in body.eqns:
-        if out in be.outvars and be.primitive.name == "add":
-            x, y = be.invars
-            if x is body.invars[nb + k] and isinstance(y, Literal):
-                step = y.val
-            elif y is body.invars[nb + k] and isinstance(x, Literal):
-                step = x.val
-    if not step or step <= 0:
-        return None
-    span = float(stop) - float(start) + (1 if rel == "le" else 0)
-    return max(0, int(math.ceil(span / float(step))))
 
 
 # -- entry point -----------------------------------------------------------------------------
@@ -458,7 +328,7 @@ def cost(plan, hw: Hardware, *, donate=None, overlap: bool = False, while_trips:
     w = _Walker(plan, hw, while_trips)
     acc = _Acc()
     jaxpr = plan.program.jaxpr
-    serial, overlapped = w.walk(jaxpr, 1, acc, ("boundary", "boundary"), {})
+    serial, overlapped = w.walk(jaxpr, 1, acc, ())
     serial, overlapped = serial + hw.step_overhead, overlapped + hw.step_overhead
     mem: Memory = peak_memory(plan.program, donated)
     ops = []

@@ -14,7 +14,8 @@ no rule.)
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .replicated import whole
 from .rule import OpRule
 
@@ -27,3 +28,6 @@ def debug_callback(op) -> OpRule:
 @register("pure_callback", handler="pure_callback")
 def pure_callback(op) -> OpRule:
     return whole(op)
+
+
+declare("debug_print", "debug_callback", "pure_callback", facts=F.OpFacts(F.PER_OUTPUT))

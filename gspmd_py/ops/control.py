@@ -17,7 +17,8 @@ propagation, the partitioner and the cost model see one contract for a loop::
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
 CONTROL = ("scan", "while", "cond")
@@ -86,3 +87,8 @@ def control(op) -> OpRule:
     for v in region_values(op):
         b.result(known[v.id] if v.id in known else tie(v))
     return b.build(OTHER, edges=True)  # positions are independent: an axis may shard each of them
+
+
+declare("scan", facts=F.OpFacts(F.PER_OUTPUT, region=F.LOOP))
+declare("while", facts=F.OpFacts(F.PER_OUTPUT, region=F.LOOP, inplace=True))  # a loop's carry is updated in place
+declare("cond", facts=F.OpFacts(F.PER_OUTPUT))

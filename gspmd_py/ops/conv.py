@@ -25,7 +25,8 @@ Spatial dims, by form (chosen per dim from the shapes, so every pass sees the sa
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import DOT, NEED_REPLICATION, OTHER, PASS, REDUCTION, WINDOW, OpRule, RuleBuilder
 
 
@@ -133,3 +134,11 @@ def select_and_scatter_add(op) -> OpRule:
         fs.append(b.factor(s, PASS if trivial else WINDOW))
     b.operand(fs).operand(fs).result(fs)
     return b.build(OTHER)
+
+
+declare("conv_general_dilated", facts=F.OpFacts(F.CONV_FLOPS))
+declare("reduce_window_sum", facts=F.OpFacts(F.WINDOW_FLOPS, init="sum"))
+declare("reduce_window_max", facts=F.OpFacts(F.WINDOW_FLOPS, init="max"))
+declare("reduce_window_min", facts=F.OpFacts(F.WINDOW_FLOPS, init="min"))
+declare("reduce_window", "select_and_gather_add", facts=F.OpFacts(F.WINDOW_FLOPS))
+declare("select_and_scatter_add", facts=F.OpFacts(F.SELECT_SCATTER_FLOPS))

@@ -9,7 +9,8 @@ reduced value). Propagation prefers batch factors, then the larger operand's fac
 from __future__ import annotations
 
 from ..dtypes import is_bool
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import DOT, REDUCTION, OpRule, RuleBuilder
 
 
@@ -38,3 +39,6 @@ def dot_general(op) -> OpRule:
             rhs_f[j] = b.factor(rhs[j])
             out.append(rhs_f[j])
     return b.operand(lhs_f).operand(rhs_f).result(out).build(DOT)
+
+
+declare("dot_general", facts=F.OpFacts(F.DOT_FLOPS))

@@ -6,7 +6,10 @@
 """
 from __future__ import annotations
 
-from .registry import register
+import attrs
+
+from . import facts as F
+from .registry import declare, register
 from .rule import ELEMENTWISE, OpRule, RuleBuilder
 
 UNARY = (
@@ -25,6 +28,34 @@ NARY = (
     "igamma_grad_a", "regularized_incomplete_beta",
 )
 IDENTITY = ("gspmd_annotate", "gspmd_tag", "gspmd_pipeline")
+# one transcendental per element (cost/counting.py)
+TRANSCENDENTAL = (
+    "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "cos", "cosh", "digamma", "erf", "erf_inv",
+    "erfc", "exp", "exp2", "expm1", "igamma", "lgamma", "log", "log1p", "logistic", "pow", "rsqrt", "sin", "sinh",
+    "sqrt", "tan", "tanh",
+)
+# elementwise, but costed as kernels of their own (the fusion model does not fuse them)
+UNFUSED = ("bessel_i0e", "bessel_i1e", "eq_to", "lt_to", "le_to", "igamma_grad_a", "igammac", "polygamma",
+           "random_gamma_grad", "regularized_incomplete_beta", "zeta", "optimization_barrier_elementwise")
+# which partial values pass through (partitioner/partial.py's carry_modes)
+LINEARITY = {"add": F.SUM, "sub": F.SUM, "add_any": F.JOIN, "neg": F.NEGATE, "real": F.NEGATE, "imag": F.NEGATE,
+             "conj": F.NEGATE, "mul": F.SCALE, "div": F.DIVIDE, "select_n": F.SELECT, "copy": F.MOVE,
+             "copy_p": F.MOVE, "convert_element_type": F.CONVERT, "optimization_barrier_elementwise": F.MOVE}
+
+
+def _facts(prim: str) -> F.OpFacts:
+    if prim == "stop_gradient":
+        return F.OpFacts(F.ZERO, alias=F.ALWAYS)
+    if prim in UNFUSED:
+        return F.OpFacts(F.PER_OUTPUT, linearity=LINEARITY.get(prim, F.NONLINEAR))
+    facts = F.OpFacts(F.ELEMENTWISE_FLOPS, transcendental=prim in TRANSCENDENTAL, fusion=F.FUSIBLE,
+                      linearity=LINEARITY.get(prim, F.NONLINEAR))
+    return attrs.evolve(facts, alias=F.SAME_DTYPE) if prim == "convert_element_type" else facts
+
+
+for _p in UNARY + NARY:
+    declare(_p, facts=_facts(_p))
+declare(*IDENTITY, facts=F.OpFacts(F.ZERO, alias=F.ALWAYS, linearity=F.MOVE))
 
 @register(*UNARY, *NARY, *IDENTITY, handler="elementwise")
 def elementwise(op) -> OpRule:

@@ -10,7 +10,8 @@ that are indexed must be replicated; index batch dims pass to the output batch d
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, PASS, OpRule, RuleBuilder
 
 
@@ -80,3 +81,15 @@ def scatter(op) -> OpRule:
             upd_f[d] = b.factor(updates[d], NEED_REPLICATION)
     idx_f = [b.factor(s, NEED_REPLICATION) for s in indices]
     return b.operand(op_f).operand(idx_f).operand(upd_f).result(op_f).build(OTHER)
+
+
+def _local_gather(params: dict, shapes, local, out_local) -> dict:
+    """A slice that takes an operand dim whole takes the local block whole."""
+    sizes = tuple(l if s == ss else ss for s, ss, l in zip(shapes[0], params["slice_sizes"], local[0]))
+    return {**params, "slice_sizes": sizes}
+
+
+declare("gather", facts=F.OpFacts(F.ZERO, localize=_local_gather, access=F.WINDOW_READ))
+declare("scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
+        "scatter-max", "scatter_max", facts=F.OpFacts(F.SCATTER_FLOPS, inplace=True, access=F.SCATTER_UPDATE))
+declare("scatter-sub", "scatter_sub", facts=F.OpFacts(F.SCATTER_FLOPS, access=F.SCATTER_UPDATE))

@@ -7,7 +7,8 @@ block of the result.
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import OTHER, OpRule, RuleBuilder
 
 
@@ -17,3 +18,6 @@ def random_bits(op) -> OpRule:
     b = RuleBuilder()
     fs = b.factors(out.shape)
     return b.operand(fs[:key.rank]).result(fs).build(OTHER)
+
+
+declare("random_bits", facts=F.OpFacts(F.PER_OUTPUT, fusion=F.FUSIBLE))

@@ -13,7 +13,8 @@
 from __future__ import annotations
 
 from .. import dtypes
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, PASS, PREFIX, REDUCTION, OpRule, RuleBuilder
 
 REDUCERS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
@@ -74,3 +75,13 @@ def top_k(op) -> OpRule:
     for _ in op.outputs:
         b.result(fs[:last] + [k] + fs[last + 1:])
     return b.build(OTHER)
+
+
+declare("reduce_sum", facts=F.OpFacts(F.REDUCTION_FLOPS, fusion=F.FUSED_CONSUMER, linearity=F.MOVE))
+declare(*(r for r in REDUCERS if r != "reduce_sum"), "argmax", "argmin",
+        facts=F.OpFacts(F.REDUCTION_FLOPS, fusion=F.FUSED_CONSUMER))
+declare(*(s for s in SCANS if s != "cumlogsumexp"), facts=F.OpFacts(F.CUMULATIVE_FLOPS))
+declare("cumlogsumexp", facts=F.OpFacts(F.CUMULATIVE_FLOPS, transcendental=True))
+declare("sort", facts=F.OpFacts(F.SORT_FLOPS))
+declare("top_k", facts=F.OpFacts(F.TOP_K_FLOPS))
+declare("approx_top_k", facts=F.OpFacts(F.PER_OUTPUT))

@@ -1,11 +1,15 @@
-"""The op-rule registry: primitive name -> (rule function, handler name).
+"""The op registry: primitive name -> (rule function, handler name), and its ``OpFacts``.
 
 The only global mutable state in gspmd_py. Rules register next to their definition and
 name the partitioner handler that executes them; a name that is not one of
-``rule.HANDLER_NAMES``, or a primitive registered twice, fails at import::
+``rule.HANDLER_NAMES``, or a primitive registered twice, fails at import. Each module
+declares the facts of the primitives it registers (facts.py); ``check_facts`` (run when
+``gspmd_py.ops`` is imported) fails if a ruled primitive has none::
 
     @register("tanh", "exp", handler="elementwise")
     def elementwise(op) -> OpRule: ...
+
+    declare("tanh", "exp", facts=OpFacts(ELEMENTWISE_FLOPS, transcendental=True, fusion=FUSIBLE))
 """
 from __future__ import annotations
 
@@ -14,10 +18,12 @@ from typing import Callable
 import attrs
 
 from ..errors import UnsupportedOpError
+from .facts import UNKNOWN, OpFacts
 from .rule import HANDLER_NAMES, OpRule
 
 RuleFn = Callable[..., OpRule]
 _RULES: dict[str, tuple[RuleFn, str]] = {}
+_FACTS: dict[str, OpFacts] = {}
 
 
 def register(*names: str, handler: str) -> Callable[[RuleFn], RuleFn]:
@@ -58,3 +64,27 @@ def rule_for(op) -> OpRule:
         )
     fn, handler = entry
     return attrs.evolve(fn(op), handler=handler)
+
+
+def declare(*names: str, facts: OpFacts) -> None:
+    """Declare the facts of ``names`` (once per primitive)."""
+    for n in names:
+        if n in _FACTS:
+            raise ValueError(f"facts of primitive {n!r} declared twice")
+        _FACTS[n] = facts
+
+
+def facts_of(prim: str) -> OpFacts:
+    """The declared facts of ``prim`` (``facts.UNKNOWN`` for a primitive nobody declared)."""
+    return _FACTS.get(prim, UNKNOWN)
+
+
+def declared() -> list[str]:
+    return sorted(_FACTS)
+
+
+def check_facts() -> None:
+    """Every primitive with a sharding rule has its facts declared."""
+    missing = sorted(set(_RULES) - set(_FACTS))
+    if missing:
+        raise ValueError(f"primitives with a sharding rule but no declared OpFacts: {missing}")

@@ -8,7 +8,8 @@ moves or recomputes a sharded tensor it reports a replicated fallback.
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
 RANDOM = ("random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
@@ -31,3 +32,10 @@ def whole(op) -> OpRule:
 @register(*RANDOM, *LINALG, "reduce", "argsort", "optimization_barrier", handler="replicated")
 def replicated(op) -> OpRule:
     return whole(op)
+
+
+declare("random_wrap", "random_unwrap", facts=F.OpFacts(F.ELEMENTWISE_FLOPS, fusion=F.FUSIBLE))
+declare("threefry2x32", facts=F.OpFacts(F.PER_OUTPUT, fusion=F.FUSIBLE))
+declare(*(r for r in RANDOM if r not in ("random_wrap", "random_unwrap", "threefry2x32")), *LINALG, "reduce", "argsort",
+        facts=F.OpFacts(F.PER_OUTPUT))
+declare("optimization_barrier", facts=F.OpFacts(F.ZERO, alias=F.ALWAYS))

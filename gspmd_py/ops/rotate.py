@@ -10,7 +10,8 @@ one or two collective-permutes (partitioner/rotate_handler.py).
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import OTHER, PASS, WINDOW, OpRule, RuleBuilder
 
 
@@ -20,3 +21,6 @@ def rotate(op) -> OpRule:
     b = RuleBuilder()
     fs = [b.factor(s, WINDOW if d == axis else PASS) for d, s in enumerate(op.inputs[0].shape)]
     return b.operand(fs).result(fs).build(OTHER)
+
+
+declare("gspmd_rotate", facts=F.OpFacts(F.PER_OUTPUT))

@@ -13,7 +13,10 @@ slice, rev, dynamic_slice, dynamic_update_slice.
 """
 from __future__ import annotations
 
-from .registry import register
+import attrs
+
+from . import facts as F
+from .registry import declare, register
 from .rule import BROADCAST, ELEMENTWISE, NEED_REPLICATION, OTHER, PASS, REDUCTION, WINDOW, OpRule, RuleBuilder
 
 
@@ -196,3 +199,27 @@ def dynamic_update_slice(op) -> OpRule:
     for _ in op.inputs[2:]:
         b.operand([])
     return b.result(fs).build(OTHER)
+
+
+# -- facts -----------------------------------------------------------------------------------
+def _local_slice(params: dict, shapes, local, out_local) -> dict:
+    """A whole-dim slice (start 0, to the end) of a sharded dim ends at the local block's end."""
+    limits = tuple(l if s == lim and st == 0 else lim for s, lim, st, l in
+                   zip(shapes[0], params["limit_indices"], params["start_indices"], local[0]))
+    return {**params, "limit_indices": limits}
+
+
+def _local_dynamic_slice(params: dict, shapes, local, out_local) -> dict:
+    return {**params, "slice_sizes": tuple(out_local[0])}
+
+
+_MOVEMENT = F.OpFacts(F.ZERO, fusion=F.FUSIBLE)
+declare("transpose", facts=attrs.evolve(_MOVEMENT, linearity=F.MOVE))
+declare("broadcast_in_dim", facts=attrs.evolve(_MOVEMENT, linearity=F.MOVE, localize=F.local_shape))
+declare("slice", facts=attrs.evolve(_MOVEMENT, linearity=F.MOVE, localize=_local_slice, access=F.WINDOW_READ))
+declare("squeeze", "expand_dims", "reshape", facts=attrs.evolve(_MOVEMENT, linearity=F.MOVE, alias=F.ALWAYS))
+declare("iota", facts=attrs.evolve(_MOVEMENT, localize=F.local_shape))
+declare("concatenate", "rev", facts=_MOVEMENT)
+declare("dynamic_slice", facts=attrs.evolve(_MOVEMENT, localize=_local_dynamic_slice, access=F.WINDOW_READ))
+declare("pad", facts=attrs.evolve(_MOVEMENT, linearity=F.ZERO_PAD))
+declare("dynamic_update_slice", facts=F.OpFacts(F.ZERO, inplace=True, access=F.UPDATE))

@@ -4,7 +4,8 @@
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import OTHER, PASS, WINDOW, OpRule, RuleBuilder
 
 
@@ -18,3 +19,6 @@ def split(op) -> OpRule:
     for _ in op.outputs:
         b.result(fs)
     return b.build(OTHER)
+
+
+declare("split", facts=F.OpFacts(F.PER_OUTPUT))

@@ -12,7 +12,8 @@ the transpose of stack) and the operand-less ``empty`` / ``platform_index``.
 """
 from __future__ import annotations
 
-from .registry import register
+from . import facts as F
+from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
 
@@ -58,3 +59,13 @@ def no_operands(op) -> OpRule:
     for v in op.outputs:
         b.result(b.factors(v.shape))
     return b.build(OTHER)
+
+
+def _local_tile(params: dict, shapes, local, out_local) -> dict:
+    """Each device tiles its block (reps / shards of the repeat factor) times."""
+    return {**params, "reps": tuple(o // i if i else 1 for o, i in zip(out_local[0], local[0]))}
+
+
+declare("stack", "unstack", "empty2", "platform_index", facts=F.OpFacts(F.PER_OUTPUT))
+declare("tile", facts=F.OpFacts(F.PER_OUTPUT, localize=_local_tile))
+declare("empty", facts=F.OpFacts(F.PER_OUTPUT, localize=F.local_shape))

@@ -42,7 +42,7 @@ from jax import lax
 from .. import dtypes
 from . import hierarchy
 from .context import Ctx, pad_dim
-from .pvalue import Partial, PValue, ceil_div
+from .pvalue import PValue, ceil_div
 from .shaping import Shaped
 
 
@@ -174,7 +174,7 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
     if not go:
         return None
     xj = reshard(ctx, args[j], targets[j], keep_partial=False)
-    red = plan.reduction_axes(rule)
+    red = plan.partial_axes
     xa = a.x
     if red:  # uneven contracting dims: zero their padding on both sides, as the plain dot
         xa = ctx.mask(a, lc if i == 0 else rc, 0)
@@ -213,8 +213,7 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
     n_perm = (2 if bidir else 1) * (p - 1)
     _record(ctx, f"all-gather({ctx.fine.label(axes)}) {shard}B + dot",
             f"{p} partial dots and {n_perm} {name}collective-permutes", t, plain)
-    reduce = rule.factors[rule.of_kind("reduction")[0]].reduce if red else "sum"
-    return [ctx.pv(y, out.shape, plan.results[0], Partial(red, reduce) if red else None, out.dtype)]
+    return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
 
 
 # -- dot feeding a reduce-scatter --------------------------------------------------------------
@@ -222,9 +221,9 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
 def scattered_dim(ctx: Ctx, op, rule, plan, args) -> Optional[tuple[int, int, int]]:
     """(operand i, its free dim d, result dim) when the dot's sum over its reduction axes is
     wanted scattered over exactly them on a result dim that is whole in the projection."""
-    red = plan.reduction_axes(rule)
+    red = plan.partial_axes
     out = op.outputs[0]
-    if not red or dtypes.is_bool(out.dtype) or rule.factors[rule.of_kind("reduction")[0]].reduce != "sum":
+    if not red or dtypes.is_bool(out.dtype) or plan.partial_op != "sum":
         return None
     want = ctx.want.get(out.id)
     res = plan.results[0]
@@ -248,7 +247,7 @@ def dot_reduce_scatter(ctx: Ctx, op, rule, plan, args) -> Optional[list[PValue]]
     if found is None:
         return None
     i, d, od = found
-    axes = plan.reduction_axes(rule)
+    axes = plan.partial_axes
     p = ctx.k(axes)
     out = op.outputs[0]
     if p < 2 or 0 in out.shape or 0 in args[0].shape or 0 in args[1].shape:

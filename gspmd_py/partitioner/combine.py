@@ -28,8 +28,9 @@ import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
+from ..ops import facts_of
+
 DEFAULT_THRESHOLD_BYTES = 30 * 2**20  # as XLA's GPU all-reduce combiner
-_KINDS = ("psum", "pmax", "pmin", "all_gather", "reduce_scatter")
 _OP = re.compile(r"(?:^|/)op(\d+)(?:/|$)")
 
 
@@ -48,7 +49,7 @@ def _axes(eqn) -> tuple:
 
 def _key(eqn) -> Optional[tuple]:
     name = eqn.primitive.name
-    if name not in _KINDS or eqn.params.get("axis_index_groups") is not None or len(eqn.invars) != 1:
+    if not facts_of(name).combinable or eqn.params.get("axis_index_groups") is not None or len(eqn.invars) != 1:
         return None
     if name in ("all_gather", "reduce_scatter") and not eqn.params.get("tiled"):
         return None

@@ -20,8 +20,10 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
+from ..ops import facts as F
+from ..ops import facts_of
 from .context import Ctx
-from .partial import MOVES, accumulate, join, reduce
+from .partial import accumulate, join, reduce
 from .pvalue import Partial, PValue
 from .registry import handler
 from .reshard import reshard
@@ -155,7 +157,8 @@ def _partial_axes(ctx: Ctx, v, depth: int = 12) -> tuple[str, ...]:
     return tuple(a for a in ctx.fine.names if a in axes and a not in want)
 
 
-_SUMS = frozenset({"add", "add_any", "sub", "select_n"})
+_MOVES = (F.MOVE, F.ZERO_PAD)  # linearities carried through operand 0
+_SUMS = (F.SUM, F.JOIN, F.SELECT)  # sums (and selects) of several partial terms
 
 
 def _reduced_into(ctx: Ctx, v, depth: int) -> set[str]:
@@ -165,10 +168,11 @@ def _reduced_into(ctx: Ctx, v, depth: int) -> set[str]:
     rule = ctx.rules[op.id]
     if any(rule.factors[f].reduce not in ("", "sum") for f in rule.of_kind("reduction")):
         return set()
-    axes = set(ctx.plans[op.id].reduction_axes(rule))
-    if op.prim in MOVES or op.prim in ("slice", "pad"):
+    axes = set(ctx.plans[op.id].partial_axes)
+    lin = facts_of(op.prim).linearity
+    if lin in _MOVES:
         axes |= _reduced_into(ctx, op.inputs[0], depth - 1) if op.inputs else set()
-    elif op.prim in _SUMS:
+    elif lin in _SUMS:
         terms = op.inputs[1:] if op.prim == "select_n" else op.inputs
         for t in terms:
             axes |= _reduced_into(ctx, t, depth - 1)

@@ -32,7 +32,7 @@ from .. import dtypes
 from ..ops.rule import REDUCTION, WINDOW
 from .context import Ctx
 from .halo import window_geometry, window_segment
-from .pvalue import Partial, ceil_div
+from .pvalue import ceil_div
 from .registry import handler
 
 
@@ -150,7 +150,7 @@ def partition_conv(ctx: Ctx, op, rule, plan, args):
     g = ConvGeometry.of(op)
     lhs, rhs = args
     modes = _modes(rule, plan, g)
-    red = plan.reduction_axes(rule)
+    red = plan.partial_axes  # the projection's partial results (sum)
     x, kx = lhs.x, rhs.x
     if red:  # padding rows of contracted dims (features, sharded kernel rows) read as zero
         x = ctx.mask(lhs, [g.lhs_spec[1]], 0)
@@ -175,4 +175,4 @@ def partition_conv(ctx: Ctx, op, rule, plan, args):
     y = op.primitive.bind(x, kx, **params)
     expect = ctx.local_shape(out.shape, plan.results[0])
     assert tuple(y.shape) == tuple(expect), (y.shape, expect, modes, plan.results[0])
-    return [ctx.pv(y, out.shape, plan.results[0], Partial(red, "sum") if red else None, out.dtype)]
+    return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]

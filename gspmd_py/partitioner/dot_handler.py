@@ -19,7 +19,7 @@ import numpy as np
 from .. import dtypes
 from . import collective_matmul
 from .context import Ctx
-from .pvalue import Partial
+
 from .registry import handler
 
 
@@ -31,7 +31,7 @@ def dot(ctx: Ctx, op, rule, plan, args):
             return looped
     lhs, rhs = args
     (lc, rc), _ = op.params["dimension_numbers"]
-    red = plan.reduction_axes(rule)
+    red = plan.partial_axes  # the projection's partial results
     out = op.outputs[0]
     xl, xr = lhs.x, rhs.x
     params = dict(op.params)
@@ -42,5 +42,4 @@ def dot(ctx: Ctx, op, rule, plan, args):
         if acc != np.dtype(out.dtype):
             params["preferred_element_type"] = acc
     y = op.primitive.bind(xl, xr, **params)
-    reduce = rule.factors[rule.of_kind("reduction")[0]].reduce if red else "sum"
-    return [ctx.pv(y, out.shape, plan.results[0], Partial(red, reduce) if red else None, out.dtype)]
+    return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]

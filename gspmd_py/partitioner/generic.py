@@ -10,34 +10,19 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ..ops import facts_of
 from .context import Ctx
 from .registry import handler
 from .reshard import reshard
 
 
 def bind_local(op, xs, out_shapes):
-    """Re-bind op's primitive on local arrays, with shape parameters made local."""
+    """Re-bind op's primitive on local arrays, with shape parameters made local (as the op's
+    ``OpFacts.localize`` says: ops/facts.py)."""
     params = dict(op.params)
-    prim = op.prim
-    if prim == "broadcast_in_dim":
-        params["shape"] = tuple(out_shapes[0])
-    elif prim == "iota":
-        params["shape"] = tuple(out_shapes[0])
-    elif prim == "slice":
-        src = op.inputs[0].shape
-        loc = xs[0].shape
-        params["limit_indices"] = tuple(l if s == lim and st == 0 else lim for s, lim, st, l in
-                                        zip(src, params["limit_indices"], params["start_indices"], loc))
-    elif prim == "dynamic_slice":
-        params["slice_sizes"] = tuple(out_shapes[0])
-    elif prim == "tile":  # each device tiles its block (reps / shards of the repeat factor) times
-        params["reps"] = tuple(o // i if i else 1 for o, i in zip(out_shapes[0], xs[0].shape))
-    elif prim == "empty":
-        params["shape"] = tuple(out_shapes[0])
-    elif prim == "gather":
-        src = op.inputs[0].shape
-        loc = xs[0].shape
-        params["slice_sizes"] = tuple(l if s == ss else ss for s, ss, l in zip(src, params["slice_sizes"], loc))
+    localize = facts_of(op.prim).localize
+    if localize is not None:
+        params = localize(params, [v.shape for v in op.inputs], [x.shape for x in xs], out_shapes)
     out = op.primitive.bind(*xs, **params)
     return list(out) if op.primitive.multiple_results else [out]
 

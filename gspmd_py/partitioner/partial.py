@@ -7,8 +7,9 @@ rows). Reduction factors of a rule
 make partial results (a dot contracting a sharded dim, a max over a sharded dim); reshard
 reduces them with the matching collective.
 
-Which ops carry a partial *unreduced* is declared once, here (``carry_modes``): only ops
-that are exactly linear on every value, inf and NaN included, in a dtype where that holds:
+Which ops carry a partial *unreduced* is declared with each op's rule (``OpFacts.linearity``,
+ops/facts.py) and read once, here (``carry_modes``): only ops that are exactly linear on
+every value, inf and NaN included, in a dtype where that holds:
 
     neg, add/sub of two sums over the same axes, add_any (AD's cotangent sums: a
     non-partial operand joins as "the value on the first device, -0.0 elsewhere"),
@@ -41,16 +42,13 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
+from ..ops import facts as F
+from ..ops import facts_of
 from . import hierarchy
 from .pvalue import Partial, PValue
 
 KEEP, REDUCE, TO_PARTIAL = "keep", "reduce", "to_partial"
 
-# ops exactly linear in all operands for sums (operands must all be partial over the same axes)
-_SUM_LINEAR_ALL = frozenset({"neg", "add", "sub", "real", "imag", "conj"})
-# unary data movement / identities: linear in operand 0 (other operands are shapes/scalars)
-MOVES = _MOVES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
-                    "gspmd_tag", "gspmd_annotate", "gspmd_pipeline", "reduce_sum", "optimization_barrier_elementwise"})
 
 
 def result_dtype_ok(op, partial: Partial) -> bool:
@@ -67,28 +65,26 @@ def carry_modes(op, args: Sequence[PValue]) -> tuple[list[str], Optional[Partial
     p = args[idx[0]].partial
     if any(args[i].partial != p for i in idx) or not result_dtype_ok(op, p):
         return reduce_all
-    prim = op.prim
-    if prim in _MOVES:
+    lin = facts_of(op.prim).linearity
+    if lin == F.MOVE:  # data movement: slice(a1 + a2) = slice(a1) + slice(a2)
         return ([KEEP] + [REDUCE] * (len(args) - 1), p) if idx == [0] else reduce_all
-    if prim == "slice" and idx == [0]:  # data movement: slice(a1 + a2) = slice(a1) + slice(a2)
-        return [KEEP], p
-    if prim == "pad" and idx == [0] and _is_zero(op.inputs[1]):  # zero padding on every device sums to 0
+    if lin == F.ZERO_PAD and idx == [0] and _is_zero(op.inputs[1]):  # zero padding on every device sums to 0
         return [KEEP, REDUCE], p
-    if prim == "convert_element_type":
+    if lin == F.CONVERT:
         src, dst = np.dtype(op.inputs[0].dtype), np.dtype(op.outputs[0].dtype)
         widening = dtypes.is_float(src) and dtypes.is_float(dst) and dst.itemsize >= src.itemsize and (
             jnp.finfo(dst).nmant >= jnp.finfo(src).nmant)
         return ([KEEP], p) if (src == dst or widening) else reduce_all
-    if prim in _SUM_LINEAR_ALL:
+    if lin in (F.NEGATE, F.SUM):
         return ([KEEP] * len(args), p) if len(idx) == len(args) else reduce_all
-    if prim == "add_any":
+    if lin == F.JOIN:
         return [KEEP if a.partial is not None else TO_PARTIAL for a in args], p
-    if prim in ("mul", "div") and len(args) == 2 and len(idx) == 1 and (prim == "mul" or idx == [0]):
+    if lin in (F.SCALE, F.DIVIDE) and len(args) == 2 and len(idx) == 1 and (lin == F.SCALE or idx == [0]):
         other = op.inputs[1 - idx[0]]
-        if _safe_factor(other, divisor=prim == "div"):
+        if _safe_factor(other, divisor=lin == F.DIVIDE):
             return [KEEP if i == idx[0] else REDUCE for i in range(2)], p
         return reduce_all
-    if prim == "select_n" and 0 not in idx:
+    if lin == F.SELECT and 0 not in idx:
         return [REDUCE] + [KEEP if a.partial is not None else TO_PARTIAL for a in args[1:]], p
     return reduce_all
 

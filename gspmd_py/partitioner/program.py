@@ -22,7 +22,7 @@ the axes of their non-dividing dims dropped (the nearest sharding a jax.Array ca
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 import jax
@@ -50,18 +50,24 @@ class OpPlan:
     factors: dict  # factor id -> fine axes
     operands: tuple[FineDims, ...]
     results: tuple[FineDims, ...]
+    partial_axes: tuple[str, ...] = ()  # the projection's partial results: fine axes ...
+    partial_op: str = "sum"  # ... and how they combine
 
     def axes(self, f: int) -> tuple[str, ...]:
         return self.factors.get(f, ())
 
-    def reduction_axes(self, rule: OpRule) -> tuple[str, ...]:
-        return tuple(a for f in rule.of_kind("reduction") for a in self.axes(f))
+    @property
+    def partial(self) -> Optional[Partial]:
+        """The partial the op's results carry, as the projection recorded it (None: none)."""
+        return Partial(self.partial_axes, self.partial_op) if self.partial_axes else None
 
 
 def fine_plan(fine: FineMesh, proj: Projection) -> OpPlan:
+    p = proj.partial
     return OpPlan({f: tuple(n for r in axes for n in fine.fine(r)) for f, axes in proj.factors.items()},
                   tuple(fine.fine_dims(d) for d in proj.operand_dims),
-                  tuple(fine.fine_dims(d) for d in proj.result_dims))
+                  tuple(fine.fine_dims(d) for d in proj.result_dims),
+                  tuple(n for r in p.axes for n in fine.fine(r)) if p else (), p.op if p else "sum")
 
 
 def op_label(op: Op) -> str:

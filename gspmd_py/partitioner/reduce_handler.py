@@ -17,7 +17,7 @@ from jax import lax
 from .. import dtypes
 from ..ops.reduce import REDUCERS
 from .context import Ctx, dyn_slice_dim
-from .pvalue import Partial
+
 from .registry import handler
 
 
@@ -26,15 +26,14 @@ def reduce(ctx: Ctx, op, rule, plan, args):
     kind = REDUCERS[op.prim]
     axes = tuple(op.params["axes"])
     a = args[0]
-    red = plan.reduction_axes(rule)
+    red = plan.partial_axes  # the projection's partial results (reduced with ``kind``)
     out = op.outputs[0]
     x = ctx.mask(a, axes, dtypes.identity(kind, a.x.dtype))
     if red and kind == "sum":
         x = x.astype(np.dtype(dtypes.accumulation_dtype("sum", a.x.dtype)))
     y = op.primitive.bind(x, **op.params)
     carried = a.partial is not None  # a partial sum summed again (the driver merges its axes)
-    p = Partial(red, kind) if red else None
-    return [ctx.pv(y if (red or carried) else y.astype(out.dtype), out.shape, plan.results[0], p, out.dtype)]
+    return [ctx.pv(y if (red or carried) else y.astype(out.dtype), out.shape, plan.results[0], plan.partial, out.dtype)]
 
 
 @handler("argreduce")

@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
+from ..ops import facts_of
 from ..ops.rule import PASS, REDUCTION, WINDOW
 from .context import Ctx
 from .halo import (fetch_or_gather, gather, plan_fetch, row_mask, scatter_add, too_costly,
@@ -51,8 +52,7 @@ def _is_windowed(kind, axes) -> bool:
 # ---------------------------------------------------------------------------------------
 
 def _init_value(prim: str, dtype):
-    kind = {"reduce_window_sum": "sum", "reduce_window_max": "max", "reduce_window_min": "min"}[prim]
-    return dtypes.identity(kind, dtype)
+    return dtypes.identity(facts_of(prim).init, dtype)
 
 
 @handler("reduce_window")

@@ -4,14 +4,16 @@ One function, ``project_op``, turns the shardings of an op's tensors into per-fa
 Propagation calls it on every visit of an op (then writes the factors' axes back onto the
 tensors); at its end it records the projection of every op, and the partitioner executes
 exactly that record: operands are resharded to ``operand_dims``, the local op runs, its
-results come out in ``result_dims`` (partial over the axes of sharded reduction factors).
+results come out in ``result_dims``, partial over ``partial`` (the axes of its sharded
+reduction factors, with their reduce op: one record of partial results, read by the
+partitioner's handlers rather than decided by them).
 
 Worked example (rule "[i,k], [k,j] -> [i,j]", k: reduction) on mesh {x:2, y:4}::
 
     lhs [{x},{y}], rhs [{y},{}], result [{x},{}]
     offers: i <- {x} (lhs, result), k <- {y} (lhs, rhs)
     projection: i: {x}, k: {y}, j: {}   ->   operands [{x},{y}], [{y},{}]; result [{x},{}]
-    partial over {y}
+    partial over {y} (sum):  Projection(..., partial=PartialResult(("y",), "sum"))
 
 Offers for one factor merge the same way in both modes: a better (lower) user priority
 wins; an offer that extends another (``{x,y}`` extends ``{x}``) wins, since the shorter
@@ -42,7 +44,7 @@ from typing import Optional, Sequence
 import attrs
 
 from ..mesh import AxisRef, Mesh
-from ..ops.rule import NEED_REPLICATION, PASS, OpRule
+from ..ops.rule import NEED_REPLICATION, PASS, REDUCTION, OpRule
 from . import axes as ax
 
 Axes = tuple[AxisRef, ...]
@@ -69,12 +71,23 @@ class Offer:
 
 
 @attrs.frozen
+class PartialResult:
+    """The op's results are partial over ``axes`` (its sharded reduction factors' axes, in
+    factor order), to be combined with ``op`` (its first reduction factor's reduce op)."""
+
+    axes: Axes
+    op: str
+
+
+@attrs.frozen
 class Projection:
-    """The recorded outcome for one op: per-factor axes and the tensors' dims under it."""
+    """The recorded outcome for one op: per-factor axes, the tensors' dims under it, and
+    which axes its results are partial over (None: none)."""
 
     factors: FactorAxes  # factor id -> axes (only factors with axes)
     operand_dims: tuple[tuple[Axes, ...], ...]
     result_dims: tuple[tuple[Axes, ...], ...]
+    partial: Optional[PartialResult] = None
 
     def axes_of(self, f: int) -> Axes:
         return self.factors.get(f, ())
@@ -258,4 +271,12 @@ def record(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> Projecti
     """The projection the partitioner executes for one op (decide mode)."""
     final, _, dims = project_cached(mesh, rule, tensors, decide=True)  # memoised: a repeated layer is a lookup
     n = len(rule.operands)
-    return Projection(dict(final), dims[:n], dims[n:])
+    factors = dict(final)
+    return Projection(factors, dims[:n], dims[n:], partial_result(rule, factors))
+
+
+def partial_result(rule: OpRule, factors: FactorAxes) -> Optional[PartialResult]:
+    """Which axes the results of an op projected as ``factors`` are partial over, and how they combine."""
+    red = rule.of_kind(REDUCTION)
+    axes = tuple(a for f in red for a in factors.get(f, ()))
+    return PartialResult(axes, rule.factors[red[0]].reduce) if axes else None

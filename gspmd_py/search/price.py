@@ -22,7 +22,7 @@ from ..partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
 from ..partitioner.context import Collective, Ctx
 from ..partitioner.fine_mesh import FineMesh
 from ..partitioner.program import build_body, fine_plan, op_label
-from ..partitioner.records import collect
+from ..partitioner.program_index import ProgramIndex
 from ..propagation import Propagation, Seed
 from ..sharding import Sharding
 
@@ -40,13 +40,17 @@ class Price:
 
 @attrs.define(eq=False)
 class _Program:
-    """What ``cost.cost`` reads from a Plan: graph, mesh, the per-device program and its collectives."""
+    """What ``cost.cost`` reads from a Plan: graph, mesh, the per-device program and its index."""
 
     graph: Graph
     mesh: Mesh
     program: object
-    collectives: list[Collective]
+    index: ProgramIndex
     donate_argnums: tuple[int, ...] = ()
+
+    @property
+    def collectives(self) -> list[Collective]:
+        return list(self.index.collectives)
 
 
 def fingerprint(prop: Propagation, graph: Graph) -> tuple:
@@ -78,8 +82,7 @@ def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
         axis_env = list(zip(fine.names, fine.sizes))
         program = combine(jax.make_jaxpr(body, axis_env=axis_env)(*local), combine_threshold_bytes, axis_env)
     labels = {op.id: op_label(op) for op in graph.walk()}
-    colls = collect(program.jaxpr, fine, lambda i: labels.get(i, f"op {i}"))
-    return _Program(graph, mesh, program, colls)
+    return _Program(graph, mesh, program, ProgramIndex.build(program, fine, lambda i: labels.get(i, f"op {i}")))
 
 
 class Pricer:

@@ -1,0 +1,25 @@
+"""Facts of the primitives that only the partitioner emits into the per-device program (no
+sharding rule: they are not user ops): collectives, ``axis_index``, ``device_put`` and the
+call primitives the cost model inlines.
+
+    psum f32[8,16] axes=("y",)   ->  an all-reduce (sum) record; the combiner may merge it
+"""
+from __future__ import annotations
+
+from . import facts as F
+from .registry import declare
+
+declare("psum", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="sum", combinable=True))
+declare("pmax", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="max", combinable=True))
+declare("pmin", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="min", combinable=True))
+declare("all_gather", facts=F.OpFacts(F.ZERO, collective="all-gather", combinable=True))
+declare("reduce_scatter", facts=F.OpFacts(F.ZERO, collective="reduce-scatter", collective_reduce="sum",
+                                          combinable=True))
+declare("psum_scatter", facts=F.OpFacts(F.ZERO, collective="reduce-scatter", collective_reduce="sum"))
+declare("all_to_all", facts=F.OpFacts(F.ZERO, collective="all-to-all"))
+declare("ppermute", facts=F.OpFacts(F.ZERO, collective="collective-permute"))
+declare("axis_index", facts=F.OpFacts(F.FREE))
+declare("device_put", facts=F.OpFacts(F.ZERO))
+# calls: the cost model walks their body once (custom_*: the primal body only)
+declare("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
+        "remat", "checkpoint", "custom_lin", facts=F.OpFacts(F.PER_OUTPUT, region=F.CALL))

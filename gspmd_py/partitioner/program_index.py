@@ -1,0 +1,257 @@
+"""The program index: the per-device program read once, per equation its op, its loop trip
+counts and its collectives (the ``index`` pass, compiler.py).
+
+The partitioner emits each op under ``jax.named_scope("op<id>")`` (program.py) and the
+combiner emits its merged collectives under ``"combined<id>,<id>,..."``; one walk over the
+program's equations in order (into loop, branch and call bodies) gives, per equation:
+
+* ``key`` / ``op_ids`` / ``label``: the op that caused it ("op12", "combined:3,7",
+  "boundary"; the innermost scope of its name stack wins, else its region's);
+* ``loops``: the trip counts of its enclosing loops (``Trips``), outermost first (``scan``:
+  ``length``; ``while``: derived when the loop counts a constant range, ``i = c0; while
+  i < c1: i += s``, else None; a while's condition runs once more than its body);
+* ``trip_count``: for a loop equation, its own count (as ``loops`` says it);
+* ``collectives``: the ``Collective`` it issues (records.py's fields), in program order.
+
+Equations are addressed by their *path*: ``(i,)`` is equation ``i`` of the top-level jaxpr,
+``(i, k, j)`` equation ``j`` of the ``k``-th sub-jaxpr of equation ``i`` (as ``sub_jaxprs``
+lists them), so a jaxpr shared by two calls is two entries. The collective records
+(``plan.collectives``), the cost model and its while trip counts read this index::
+
+    psum[axes=('y',)] f32[8,16] in scope op12 inside scan(length=4)
+        -> EqnIndex(key="op12", op_ids=(12,), loops=(Trips(4),), collectives=(Collective("all-reduce", ...),))
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Iterator, Optional
+
+import attrs
+import numpy as np
+from jax.extend.core import Literal
+
+from ..ops import facts as F
+from ..ops import facts_of
+from .context import Collective
+from .fine_mesh import FineMesh
+
+Path = tuple[int, ...]
+_SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")
+
+
+@attrs.frozen
+class Trips:
+    """One enclosing loop's executions of a body per execution of the loop: ``count`` (None:
+    a while loop whose count is not derivable) plus ``extra`` (1 for a while's condition)."""
+
+    count: Optional[int]
+    extra: int = 0
+
+    def resolve(self, while_trips: int = 1) -> int:
+        return (while_trips if self.count is None else self.count) + self.extra
+
+
+@attrs.frozen
+class EqnIndex:
+    """One equation of the program, as the index read it (see the module docstring)."""
+
+    path: Path
+    prim: str
+    key: str  # "op12" | "combined:3,7" | "boundary"
+    op_ids: tuple[int, ...]
+    label: str
+    loops: tuple[Trips, ...] = ()
+    trip_count: Optional[int] = None  # a loop equation's own count (None: not derivable, or no loop)
+    collectives: tuple[Collective, ...] = ()
+
+    @property
+    def in_loop(self) -> bool:
+        return bool(self.loops)
+
+    def trips(self, while_trips: int = 1) -> int:
+        """Executions per step: the product of the enclosing loops' counts (``while_trips``
+        for a while loop whose count is not derivable)."""
+        return math.prod(t.resolve(while_trips) for t in self.loops)
+
+
+@attrs.frozen(eq=False)
+class ProgramIndex:
+    """Every equation of one per-device program (``program``, a ClosedJaxpr) by path, in program order."""
+
+    program: object
+    entries: tuple[EqnIndex, ...]
+    by_path: dict = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "by_path", {e.path: e for e in self.entries})
+
+    @property
+    def collectives(self) -> tuple[Collective, ...]:
+        return tuple(c for e in self.entries for c in e.collectives)
+
+    def at(self, path: Path) -> EqnIndex:
+        return self.by_path[path]
+
+    @classmethod
+    def build(cls, program, fine: FineMesh, label: Callable[[int], str]) -> "ProgramIndex":
+        """Index ``program`` (a ClosedJaxpr); ``label(i)``: how op ``i`` is named in records."""
+        entries: list[EqnIndex] = []
+        _walk(program.jaxpr, (), (), ((), "boundary", "boundary"), fine, label, entries)
+        return cls(program, tuple(entries))
+
+
+def sub_jaxprs(eqn) -> Iterator:
+    """The sub-jaxprs (Jaxpr) of an equation, in parameter order."""
+    for v in eqn.params.values():
+        for j in (v if isinstance(v, (tuple, list)) else (v,)):
+            inner = getattr(j, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                yield inner
+            elif hasattr(j, "eqns"):
+                yield j
+
+
+def _walk(jaxpr, path: Path, loops: tuple, outer: tuple, fine: FineMesh, label, out: list) -> None:
+    known: dict = {}  # scalar constants of this jaxpr (literals and arithmetic on them): while trip counts
+    for i, eqn in enumerate(jaxpr.eqns):
+        ids, key, text = _scope_of(str(eqn.source_info.name_stack), outer, label)
+        facts = facts_of(eqn.primitive.name)
+        subs = list(sub_jaxprs(eqn))
+        colls = (_record(eqn, facts, ids, text, bool(loops), fine),) if facts.collective else ()
+        count, inner = _loop_counts(eqn, facts, subs, known)
+        out.append(EqnIndex(path + (i,), eqn.primitive.name, key, ids, text, loops, count, colls))
+        for k, j in enumerate(subs):
+            _walk(j, path + (i, k), loops + inner[k], (ids, key, text), fine, label, out)
+        if not facts.collective and not subs and not _free(eqn, facts):
+            _fold_const(eqn, known)
+
+
+def _scope_of(stack: str, outer: tuple, label) -> tuple[tuple[int, ...], str, str]:
+    """The op ids, key and label an equation's name stack points at (innermost scope wins)."""
+    found = None
+    for m in _SCOPE.finditer(stack):
+        found = m
+    if found is None:
+        return outer
+    if found.group(2):
+        i = int(found.group(2))
+        return (i,), f"op{i}", label(i)
+    if found.group(3):
+        ids = tuple(int(t) for t in found.group(3).split(","))
+        return ids, f"combined:{found.group(3)}", "combined: " + "; ".join(label(i) for i in ids)
+    return (), "boundary", "boundary"
+
+
+def _record(eqn, facts, ids: tuple[int, ...], text: str, in_loop: bool, fine: FineMesh) -> Collective:
+    a = eqn.params.get("axes", eqn.params.get("axis_name"))
+    axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
+    aval = eqn.invars[0].aval
+    nbytes = sum(int(np.prod(v.aval.shape, dtype=np.int64)) * np.dtype(v.aval.dtype).itemsize for v in eqn.invars)
+    group = int(np.prod([fine.size_of[a] for a in axes], dtype=np.int64))
+    return Collective(facts.collective, tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
+                      op_id=ids[0] if len(ids) == 1 else -1, dtype=str(np.dtype(aval.dtype)), shape=tuple(aval.shape),
+                      reduce=facts.collective_reduce, tensors=max(1, len(ids)), group_size=group, in_loop=in_loop)
+
+
+def _loop_counts(eqn, facts, subs: list, known: dict) -> tuple[Optional[int], list[tuple]]:
+    """A loop equation's own trip count, and per sub-jaxpr the loop counts it adds."""
+    name = eqn.primitive.name
+    if facts.region != F.LOOP:
+        return None, [()] * len(subs)
+    if name == "scan":
+        n = int(eqn.params["length"])
+        return n, [(Trips(n),)] * len(subs)
+    n = while_trip_count(eqn, known)
+    cond = eqn.params["cond_jaxpr"].jaxpr
+    return n, [(Trips(n, 1 if j is cond else 0),) for j in subs]
+
+
+def _free(eqn, facts) -> bool:
+    if facts.flops == F.FREE or facts.alias == F.ALWAYS:
+        return True
+    return facts.alias == F.SAME_DTYPE and facts.aliases(eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype)
+
+
+def _fold_const(eqn, known: dict) -> None:
+    """Track scalar constants (literals and arithmetic on them) for while trip counts."""
+    vals = []
+    for v in eqn.invars:
+        if isinstance(v, Literal):
+            vals.append(v.val)
+        elif v in known:
+            vals.append(known[v])
+        else:
+            return
+    name = eqn.primitive.name
+    try:
+        if name in ("convert_element_type", "copy", "copy_p"):
+            res = vals[0]
+        elif name == "add":
+            res = vals[0] + vals[1]
+        elif name == "sub":
+            res = vals[0] - vals[1]
+        elif name == "mul":
+            res = vals[0] * vals[1]
+        else:
+            return
+        if np.ndim(res) == 0:
+            known[eqn.outvars[0]] = res
+    except Exception:  # noqa: BLE001 - best effort only
+        return
+
+
+def while_trip_count(eqn, known: dict) -> Optional[int]:
+    """Trips of ``while i < c1: ...; i += s`` with i's start, c1 and s constants, else None."""
+    p = eqn.params
+    cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    ops = eqn.invars
+    cond_consts, init = ops[:nc], ops[nc + nb:]
+    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name not in ("lt", "le", "gt", "ge", "ne"):
+        return None
+    ce = cond.eqns[0]
+    if list(cond.outvars) != list(ce.outvars):
+        return None
+
+    def value(v):
+        if isinstance(v, Literal):
+            return v.val
+        if v in cond.invars[:nc]:
+            src = cond_consts[cond.invars.index(v)]
+            return value_outer(src)
+        if v in cond.invars[nc:]:
+            k = cond.invars.index(v) - nc
+            if body.outvars[k] is body.invars[nb + k]:  # loop-invariant carry
+                return value_outer(init[k])
+        return None
+
+    def value_outer(v):
+        if isinstance(v, Literal):
+            return v.val
+        return known.get(v)
+
+    a, b = ce.invars
+    rel = ce.primitive.name
+    if rel in ("gt", "ge"):
+        a, b = b, a
+        rel = "lt" if rel == "gt" else "le"
+    if isinstance(a, Literal) or a not in cond.invars[nc:]:
+        return None
+    k = cond.invars.index(a) - nc
+    start, stop = value_outer(init[k]), value(b)
+    if start is None or stop is None:
+        return None
+    out = body.outvars[k]
+    step = None
+    for be in body.eqns:
+        if out in be.outvars and be.primitive.name == "add":
+            x, y = be.invars
+            if x is body.invars[nb + k] and isinstance(y, Literal):
+                step = y.val
+            elif y is body.invars[nb + k] and isinstance(x, Literal):
+                step = x.val
+    if not step or step <= 0:
+        return None
+    span = float(stop) - float(start) + (1 if rel == "le" else 0)
+    return max(0, int(math.ceil(span / float(step))))
