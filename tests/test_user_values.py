@@ -1,5 +1,5 @@
-"""Regressions of issue 7 (what users bring: every dtype, non-finite values, empty shapes,
-clear errors). Each case runs three ways on the same shardings and compares bit for bit
+"""What users bring: every dtype, non-finite values, empty shapes, clear errors (first found in
+issue 7). Each case runs three ways on the same shardings and compares bit for bit
 (NaN == NaN, signs of zeros and infinities compared):
 
     ours = gp.spmd(fn, mesh, in_shardings=...)(*args)
@@ -284,7 +284,7 @@ def test_one_tag_name_per_value():
         a = gp.tag(v * 2, "h")
         return gp.tag(a.T + 1, "h")
 
-    with pytest.raises(gp.AnnotationError, match=r"'h' is used twice .*test_regressions_issue7.py:\d+.* and at "):
+    with pytest.raises(gp.AnnotationError, match=r"'h' is used twice .*test_user_values.py:\d+.* and at "):
         gp.spmd(two, M24, in_shardings=P("x", "y")).plan(x)
 
     layer = lambda v: gp.tag(v * 2, "h")
@@ -316,7 +316,7 @@ def test_unsupported_op_names_the_library_call_and_the_users_line():
     emitted them and the line, inside loop bodies too."""
     x = np.ones((8,), np.float32)
     with pytest.raises(gp.UnsupportedOpError, match=r"'opaque_test_op' \(emitted by 'library_helper', at "
-                                                     r".*test_regressions_issue7.py:\d+"):
+                                                     r".*test_user_values.py:\d+"):
         gp.spmd(lambda v: library_helper(v) + 1, M8, in_shardings=P("x")).plan(x)
     scanned = lambda v: lax.scan(lambda c, r: (c + library_helper(r), None), v[0], v)[0]
     with pytest.raises(gp.UnsupportedOpError, match="emitted by 'library_helper'"):

@@ -1,4 +1,4 @@
-"""Issue 16, point 3: the third round of bad inputs. What used to crash the process, hang it,
+"""Bad inputs, third round: what used to crash the process, hang it,
 be accepted silently or fail with JAX's raw error is now a clear error naming the culprit
 (a gp.ShardingError subclass), or, for host callbacks, behaves as under jax.jit."""
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_negative_donate_argnums_donates(m24):
 def test_mesh_split_with_another_mesh_is_refused(m24):
     x = np.ones((8, 8), np.float32)
     other_sizes = gp.Mesh((4, 2), ("x", "y"))
-    with _raises(gp.SpecError, "gp.mesh_split at", "test_regressions_issue16.py", "{'x': 4, 'y': 2}",
+    with _raises(gp.SpecError, "gp.mesh_split at", "test_bad_inputs.py", "{'x': 4, 'y': 2}",
                  "{'x': 2, 'y': 4}"):
         gp.spmd(lambda a: gp.mesh_split(a, other_sizes, [0, -1]) * 2, m24).plan(x)
     reversed_ids = gp.Mesh((2, 4), ("x", "y"), devices=np.arange(8)[::-1])
@@ -161,7 +161,7 @@ def test_failing_pure_callback_is_its_own_exception(m24):
         f(x)
     assert time.perf_counter() - t0 < 30  # no device left waiting in a collective (XLA aborts after 40 s)
     assert calls == [(8, 8)]
-    assert any("jax.pure_callback at" in n and "test_regressions_issue16.py" in n
+    assert any("jax.pure_callback at" in n and "test_bad_inputs.py" in n
                for n in getattr(info.value, "__notes__", []))
     fail.clear()  # the failure is not kept: the next call runs as usual
     y, _, _ = f(x)
@@ -212,17 +212,17 @@ def test_bare_partition_spec_errors_name_the_constraint_and_line(m24, spec, need
     def reshard(a):
         return jax.sharding.reshard(a, spec) * 2
 
-    with _raises(gp.SpecError, "jax.lax.with_sharding_constraint at", "test_regressions_issue16.py", "wsc)",
+    with _raises(gp.SpecError, "jax.lax.with_sharding_constraint at", "test_bad_inputs.py", "wsc)",
                  *needles):
         gp.spmd(wsc, m24).plan(x)
     explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     with jax.set_mesh(explicit):
-        with _raises(gp.SpecError, "jax.sharding.reshard at", "test_regressions_issue16.py", "reshard)", *needles):
+        with _raises(gp.SpecError, "jax.sharding.reshard at", "test_bad_inputs.py", "reshard)", *needles):
             gp.spmd(reshard, m24).plan(x)
 
 
 def test_reshard_over_auto_axes_says_what_it_needs(m24):
-    with _raises(gp.SpecError, "jax.sharding.reshard at", "test_regressions_issue16.py", "Explicit",
+    with _raises(gp.SpecError, "jax.sharding.reshard at", "test_bad_inputs.py", "Explicit",
                  "with_sharding_constraint or gp.annotate"):
         gp.spmd(lambda a: jax.sharding.reshard(a, jax.sharding.PartitionSpec("x", None)), m24).plan(
             np.ones((8, 8), np.float32))
