@@ -325,6 +325,11 @@ def partition_dynamic_update_slice(ctx: Ctx, op, rule, plan, args):
     xv, uv = reshard(ctx, args[0], tgt), args[1]
     starts = _starts(ctx, args[2:2 + rank], shape, usize)
     x, u = xv.x, uv.x
+    if all(per_dim[d][0] == PASS or not tgt[d] for d in range(rank)):
+        # every updated window lies in an unsharded dim: the update is local, in place, as
+        # XLA emits it (PASS dims hold the same local rows in x and u)
+        idx = [starts[d] if per_dim[d][0] != PASS else jnp.int32(0) for d in range(rank)]
+        return [ctx.pv(lax.dynamic_update_slice(x, u.astype(x.dtype), idx), op.outputs[0].shape, tgt)]
     mask = None
     for d in range(rank):
         if per_dim[d][0] == PASS:
