@@ -87,8 +87,7 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatche
     xs = jnp.swapaxes(x.reshape((mb, M) + x.shape[1:]), 0, 1)  # [M, mb, ...]
     params = jax.tree_util.tree_map(lambda p: _on_stages(p.reshape((R, S) + p.shape[1:]), axis, 1), stage_params)
     stage = _on_stages(lax.iota(jnp.int32, S), axis, 0)
-    blank = jnp.zeros((S,) + xs.shape[1:], x.dtype)
-    state = _on_stages(blank, axis, 0)
+    state = _on_stages(jnp.zeros((S,) + xs.shape[1:], x.dtype), axis, 0)
     outs = _on_stages(jnp.zeros((S, M) + xs.shape[1:], x.dtype), axis, 0)
     loop_back = _on_stages(jnp.zeros((S, M) + xs.shape[1:], x.dtype), axis, 0) if R > 1 else None
 
@@ -127,11 +126,6 @@ def schedules(graph) -> list[tuple[str, Schedule]]:
     """The pipelines of a planned graph: (axis, schedule), in program order."""
     return [(op.params["axis"], Schedule(op.params["stages"], op.params["microbatches"], op.params["repeats"]))
             for op in graph.walk() if op.prim == "gspmd_pipeline"]
-
-
-def schedule_of(stage_params: Any, x, *, microbatches: int, circular_repeats: int = 1) -> Schedule:
-    """The Schedule ``pipeline`` runs for these arguments (iterations, bubble)."""
-    return _schedule(stage_params, x, "pipe", microbatches, circular_repeats)
 
 
 def _schedule(stage_params, x, axis: str, microbatches: int, repeats: int) -> Schedule:

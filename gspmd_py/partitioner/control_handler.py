@@ -90,21 +90,15 @@ def _scan(ctx: Ctx, op, plan, args):
             outs = _run(ctx, body, ins, keep)
             new = [_settle(ctx, o, d, p).x for o, d, p in zip(outs[:ncar], carry_dims, kept)]
             ys = [reshard(ctx, o, d, keep_partial=True) for o, d in zip(outs[ncar:], out_d[ncar:])]
-            stacked[:] = [(y.partial, y.dtype) for y in ys]  # per-iteration partials stack into one
+            stacked[:] = [y.partial for y in ys]  # a ys slot partial in every iteration: reduced once, after
         return new, [y.x for y in ys]
 
-    stacked: list = []  # (partial, logical dtype) of each ys slot, as the body traced them
+    stacked: list = []  # the partial of each ys slot, as the body traced it
     init = [a.x if p is None else join(ctx, a.x, p, a.x.dtype) for a, p in zip(args[nc:nc + ncar], kept)]
     carry, ys = lax.scan(step, init, [a.x for a in args[nc + ncar:]],
                          length=op.params["length"], reverse=op.params["reverse"], unroll=op.params.get("unroll", 1))
-    outs = _pvs(ctx, list(carry) + list(ys), op.outputs, plan.results)
-    for j, p in enumerate(kept):
-        if p is not None:
-            outs[j] = ctx.pv(outs[j].x, outs[j].shape, outs[j].dims, p, outs[j].dtype)
-    for j, (p, dt) in enumerate(stacked):  # a ys slot partial in every iteration: reduced once, after
-        o = outs[ncar + j]
-        outs[ncar + j] = ctx.pv(o.x, o.shape, o.dims, Partial(p.axes, p.op), dt) if p is not None else o
-    return outs
+    return [ctx.pv(x, v.shape, d, p, v.dtype)
+            for x, v, d, p in zip(list(carry) + list(ys), op.outputs, plan.results, kept + stacked)]
 
 
 def accumulated(ctx: Ctx, body, i: int, j: int, dims) -> Optional[Partial]:
@@ -165,10 +159,10 @@ def _reduced_into(ctx: Ctx, v, depth: int) -> set[str]:
     op = v.producer
     if op is None or op.id not in ctx.plans or depth <= 0:
         return set()
-    rule = ctx.rules[op.id]
-    if any(rule.factors[f].reduce not in ("", "sum") for f in rule.of_kind("reduction")):
+    plan = ctx.plans[op.id]
+    if plan.partial_axes and plan.partial_op != "sum":
         return set()
-    axes = set(ctx.plans[op.id].partial_axes)
+    axes = set(plan.partial_axes)
     lin = facts_of(op.prim).linearity
     if lin in _MOVES:
         axes |= _reduced_into(ctx, op.inputs[0], depth - 1) if op.inputs else set()
