@@ -67,3 +67,27 @@ def test_rotate_gradient():
     x = rand((8, 6))
     f = gp.spmd(jax.grad(lambda x: (jnp.roll(x, 3, 0) * jnp.arange(6.0)).sum()), mesh, in_shardings=(P("y", None),))
     np.testing.assert_allclose(f(x), jax.grad(lambda x: (jnp.roll(x, 3, 0) * jnp.arange(6.0)).sum())(x))
+
+
+def test_a_partial_sum_passes_a_rotation_and_is_reduced_once():
+    """roll is data movement: a partial sum rolled (even or uneven rows) is reduced once, after."""
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    for n in (8, 7):
+        x = np.random.default_rng(n).integers(-4, 5, size=(8, n, 3)).astype(np.float32)
+
+        def f(x):
+            s = x.sum(0)  # partial over x
+            return gp.annotate(jnp.roll(gp.annotate(s, P("y", None)), 3, 0), P("y", None))
+
+        plan = check(f, mesh, (x,), (P("x", None, None),))
+        sums = [c for c in plan.collectives if c.kind in ("all-reduce", "reduce-scatter")]
+        assert len(sums) == 1, plan.report()
+
+
+def test_rotation_by_the_last_shard_and_a_row_keeps_one_piece_home():
+    """A shift of (k-1) shards and r rows: the r rows come from the device itself (no permute of
+    them), the rest from one neighbour: one collective-permute."""
+    mesh = gp.Mesh((2, 4), ("a", "x"))
+    x = rand((8, 3))
+    plan = check(lambda x: jnp.roll(x, 7, 0), mesh, (x,), (P("x", None),), P("x", None))
+    assert [c.kind for c in plan.collectives] == ["collective-permute"], plan.report()

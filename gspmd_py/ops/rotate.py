@@ -23,4 +23,4 @@ def rotate(op) -> OpRule:
     return b.operand(fs).result(fs).build(OTHER)
 
 
-declare("gspmd_rotate", facts=F.OpFacts(F.PER_OUTPUT))
+declare("gspmd_rotate", facts=F.OpFacts(F.ZERO, linearity=F.MOVE))  # data movement: a partial passes

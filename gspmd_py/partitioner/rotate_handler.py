@@ -37,7 +37,8 @@ def partition_rotate(ctx: Ctx, op, rule, plan, args):
     if n % k:
         ctx.notes.append(f"{ctx.current_op}: uneven dim of size {n} over {ctx.fine.label(axes)} rotated whole "
                          f"(gathered, rotated, re-sliced)")
-        whole = reshard(ctx, a, tuple(() if i == d else t for i, t in enumerate(a.dims)))
+        # (a partial operand stays partial: gathering, rolling and re-slicing are linear)
+        whole = reshard(ctx, a, tuple(() if i == d else t for i, t in enumerate(a.dims)), keep_partial=True)
         rotated = ctx.pv(jnp.roll(whole.x, s, d), v.shape, whole.dims, dtype=v.dtype)
         return [reshard(ctx, rotated, a.dims)]
     c = n // k
@@ -45,14 +46,15 @@ def partition_rotate(ctx: Ctx, op, rule, plan, args):
     x = a.x
     parts = []
     if r:
-        parts.append(ctx.permute(lax.slice_in_dim(x, c - r, c, axis=d), axes, _by(k, q + 1)))
+        parts.append(_from(ctx, lax.slice_in_dim(x, c - r, c, axis=d), axes, k, q + 1))
     if c - r:
-        own = lax.slice_in_dim(x, 0, c - r, axis=d)
-        parts.append(ctx.permute(own, axes, _by(k, q)) if q % k else own)
+        parts.append(_from(ctx, lax.slice_in_dim(x, 0, c - r, axis=d), axes, k, q))
     y = lax.concatenate(parts, d) if len(parts) > 1 else parts[0]
     return [ctx.pv(y, v.shape, a.dims, dtype=v.dtype)]
 
 
-def _by(k: int, step: int) -> tuple[tuple[int, int], ...]:
-    """(src, dst) pairs: shard j goes to shard j + step (mod k)."""
-    return tuple((j, (j + step) % k) for j in range(k))
+def _from(ctx: Ctx, piece, axes, k: int, step: int):
+    """Shard j's ``piece`` on shard j + step (mod k): a collective-permute unless it stays put."""
+    if step % k == 0:
+        return piece
+    return ctx.permute(piece, axes, tuple((j, (j + step) % k) for j in range(k)))
