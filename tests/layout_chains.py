@@ -96,7 +96,7 @@ class Chain:
             if name == "annotate":
                 v = gp.annotate(v, step[1])
             elif name == "tag":
-                v = gp.tag(v, f"c{id(self) % 9973}_{k}")
+                v = gp.tag(v, f"step{k}")  # one source line: the name may repeat across chains
             elif name == "neg":
                 v, w = -v, -w
             elif name == "scale":
