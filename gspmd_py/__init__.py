@@ -10,20 +10,20 @@ from .errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshErro
                      HardwareError, SpecError, TileAssignmentError, UnsupportedOpError)
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
-from .annotate import annotate, mesh_split, tag
-from .api import Plan, Spmd, spmd
-from .rules import Rules, rules
-from .pipeline import Schedule, pipeline
+from .frontend.annotate import annotate, mesh_split, tag
+from .frontend.api import Plan, Spmd, spmd
+from .frontend.rules import Rules, rules
+from .frontend.pipeline import Schedule, pipeline
 from .partitioner.context import Collective
 from .cost import Cost, Hardware, Link
-from .placement import Placement, rank_meshes
-from . import distributed
-from .distributed import to_host
-from .plancheck import ProgramMismatchError
-from . import tactics
+from .search.placement import Placement, rank_meshes
+from .runtime import distributed
+from .runtime.distributed import to_host
+from .runtime.plancheck import ProgramMismatchError
+from .frontend import tactics
 from .search.auto import AutoResult, auto_shard
 from .search.optimizer import MemoryLimitError
-from .tactics import TacticError
+from .frontend.tactics import TacticError
 
 __all__ = [
     "AnnotationError", "ArgumentError", "AutoResult", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware",

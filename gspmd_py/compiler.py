@@ -29,11 +29,11 @@ import attrs
 import jax
 from jax.extend.core import ClosedJaxpr
 
-from .annotate import annotate_p
-from .constraints import outside_user_mesh
+from .frontend.annotate import annotate_p
+from .frontend.constraints import outside_user_mesh
 from .errors import AnnotationError
 from .ir import Graph, Op, Value
-from .layout import own_mesh
+from .runtime.layout import own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
 from .partitioner.context import Ctx
@@ -46,8 +46,8 @@ from .partitioner.shaping import Shaping
 from .plan import Plan
 from .propagation import Propagation, Seed
 from .sharding import Sharding
-from .specs import annotation_dims
-from .trace import trace_jaxpr
+from .frontend.specs import annotation_dims
+from .frontend.trace import trace_jaxpr
 
 Dims = tuple  # per tensor dim: a tuple of AxisRefs
 
@@ -142,7 +142,7 @@ def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]
     log: tuple = ()
     if tactics:  # gspmd_py/tactics.py: each adds decisions over its axes; they become seeds
         from .search.context import Leaf, TacticContext
-        from .tactics import apply_tactics
+        from .frontend.tactics import apply_tactics
 
         leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
         ctx = apply_tactics(tactics, TacticContext(graph, mesh, leaves, seeds, args_tree, tuple(donate_argnums)))

@@ -12,10 +12,10 @@ from jax.extend.core.primitives import jit_p
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from .boundary import Boundary
+from .runtime.boundary import Boundary
 from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
-from .layout import boundary_sharding, staged_sharding
+from .runtime.layout import boundary_sharding, staged_sharding
 from .mesh import Mesh
 from .partitioner.context import Collective
 from .partitioner.host_calls import raise_failures
@@ -170,7 +170,7 @@ class Plan:
 
     def report(self) -> str:
         """Per-op table: global/local shapes, shardings, collectives; fallbacks and notes."""
-        from .report import report
+        from .views.report import report
 
         text = report(self)
         if self.tactics:
@@ -182,7 +182,7 @@ class Plan:
     def visualize(self, name: str, *, show: bool = True) -> str:
         """Print the tile grid of value ``name`` over the mesh (as jax.debug.visualize_array_sharding;
         coloured with rich when installed) and return it as text."""
-        from .visualize import visualize
+        from .views.visualize import visualize
 
         v = self._value(name)
         s = self._shardings[v.id]
@@ -191,7 +191,7 @@ class Plan:
     def save_html(self, path: str | None = None) -> str:
         """Write one self-contained HTML page (per-op table, collectives, tile grids, explain
         chains) to ``path``; returns its text."""
-        from .html import save_html
+        from .views.html import save_html
 
         return save_html(self, path)
 

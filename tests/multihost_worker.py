@@ -1,4 +1,4 @@
-"""The script that tests/test_multihost.py runs under ``python -m gspmd_py.launch``.
+"""The script that tests/runtime/test_multihost.py runs under ``python -m gspmd_py.launch``.
 
     python -m gspmd_py.launch -n 2 --devices-per-process 4 tests/multihost_worker.py MODE OUT
 

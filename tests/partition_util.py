@@ -293,7 +293,7 @@ def report_problems(plan) -> list[str]:
     """Where ``plan.report()`` (its source data: every value's recorded sharding) claims a
     layout the traced per-device program does not hold, loop and branch bodies included:
     the local shape of the program's buffer, its mesh axes per dim, and its partial state."""
-    from gspmd_py import report
+    from gspmd_py.views import report
 
     problems = []
     held = plan.ctx.held

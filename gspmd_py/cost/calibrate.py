@@ -207,12 +207,12 @@ class Calibrator:
                     ts.append(net(pr) / REPEAT)
                     kinds.append(kind)
             rows_a, ts_a, kinds_a = np.asarray(rows), np.asarray(ts), np.asarray(kinds)
-            alpha, inv_beta = _fit(rows_a, ts_a)
+            alpha, inv_beta = fit_alpha_beta(rows_a, ts_a)
             per_kind = []
             for kind in KINDS:
                 sel = kinds_a == kind
                 if sel.sum() >= 2:
-                    a, ib = _fit(rows_a[sel], ts_a[sel])
+                    a, ib = fit_alpha_beta(rows_a[sel], ts_a[sel])
                     per_kind.append((kind, a, 1.0 / ib))
             links.append((axis, Link(alpha, 1.0 / inv_beta, axis, per_kind=tuple(per_kind))))
         platform = self.mesh.jax_devices().reshape(-1)[0].platform
@@ -265,7 +265,7 @@ def _collective(kind: str, axis: str, p: int, lax, jnp) -> Callable:
     return body
 
 
-def _fit(rows: np.ndarray, ts: np.ndarray) -> tuple[float, float]:
+def fit_alpha_beta(rows: np.ndarray, ts: np.ndarray) -> tuple[float, float]:
     """Non-negative least squares of ``ts ~ rows @ (alpha, 1/beta)``, relative error."""
     w = 1.0 / np.maximum(ts, 1e-12)
     a, b = rows * w[:, None], ts * w

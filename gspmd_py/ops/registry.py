@@ -48,6 +48,11 @@ def registered() -> list[str]:
     return sorted(_RULES)
 
 
+def rule_functions() -> list[RuleFn]:
+    """Every registered rule function, once each (one function serves several prims), by name."""
+    return sorted({fn for fn, _ in _RULES.values()}, key=lambda fn: (fn.__module__, fn.__name__))
+
+
 def handler_names_in_use() -> set[str]:
     return {h for _, h in _RULES.values()}
 

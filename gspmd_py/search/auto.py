@@ -51,9 +51,9 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
     ``hardware=None``: ``gp.Hardware.preset("h100-node")``. Raises ``MemoryLimitError`` (a
     gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
-    from ..api import Spmd
+    from ..frontend.api import Spmd
     from ..cost import Hardware
-    from ..tactics import Decided, auto
+    from ..frontend.tactics import Decided, auto
 
     hw = hardware or Hardware.preset("h100-node")
     tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed)

@@ -132,7 +132,7 @@ def leaves_of_call(call, in_names: Sequence[str]) -> list[Leaf]:
     """Per dynamic leaf of a gp.spmd call: its positional argument and key path."""
     import jax
 
-    from ..rules import slash_path
+    from ..frontend.rules import slash_path
 
     tree = jax.tree_util.tree_unflatten(call.in_tree, [0] * len(call.leaves))
     pos_dyn = [i for i in range(call.n_args) if i not in call.static_pos]

@@ -15,8 +15,8 @@ import jax
 
 from ..cost import Hardware, cost
 from ..ir import Graph
-from ..layout import own_mesh
-from ..constraints import outside_user_mesh
+from ..runtime.layout import own_mesh
+from ..frontend.constraints import outside_user_mesh
 from ..mesh import Mesh
 from ..partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
 from ..partitioner.context import Collective, Ctx

@@ -1,0 +1,269 @@
+"""The user-facing entry point ``gp.spmd``.
+
+    f = gp.spmd(fn, mesh, in_shardings=(gp.P("x", None), gp.P(None, "y")))
+    plan = f.plan(x, w)       # trace -> propagate -> partition; runs nothing
+    out = f(x, w)             # places inputs, runs the one SPMD program, global jax.Arrays out
+    jax.jit(f)(x, w), jax.grad(lambda x, w: f(x, w).sum())(x, w), jax.vmap(f)(xs, ws)
+
+A gp.spmd function is a JAX function. Called with concrete arrays it runs its plan
+directly (the fast path). Called with tracers (under any JAX transformation, or inside
+another gp.spmd function) it stages ``spmd_call`` (primitive.py) inside a ``jax.jit``
+whose in/out shardings are the plan's: JAX transforms the user's jaxpr, gspmd_py
+partitions each transformed program, and nested gp.spmd calls are inlined into the outer
+plan.
+
+Arguments work as under ``jax.jit`` (arguments.py): ``static_argnums`` /
+``static_argnames`` (static values key the plan cache), keyword arguments (their leaves
+open to propagation; ``in_shardings`` covers the positional arguments that are not
+static), ``donate_argnums`` (forwarded to the jit of the program: a donated array that
+is already laid out as the plan wants is consumed).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import attrs
+import jax
+import jax.numpy as jnp
+
+from .annotate import annotate_p
+from .arguments import Call, Signature
+from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
+from ..errors import ArgumentError, ShardingError
+from ..compiler import Dims, plan_jaxpr
+from ..ir import Value
+from ..runtime.layout import even_dims, staged_sharding
+from ..mesh import Mesh
+from ..plan import Plan
+from ..partitioner.shaping import Shaping
+from ..runtime.plancheck import check_same_program
+from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
+from .constraints import constraint_errors, tracing_mesh
+from .specs import spec_dims
+
+def _spec_entries(dims: Dims) -> tuple:
+    """gp.annotate's spec parameter for canonical dims: per dim, the axis names ("y:(2)2" for a sub-axis)."""
+    return tuple(tuple(str(r) for r in axes) for axes in dims)
+
+
+@attrs.define(eq=False)
+class _Entry:
+    """One cached signature: the annotated jaxpr, its plan, and the jit that stages it."""
+
+    jaxpr: Any
+    plan: Plan
+    params: SpmdParams
+    out_tree: Any
+    donate: tuple[int, ...]
+    closure: tuple = ()  # closed-over tracers of an enclosing transformation: leading inputs of the jaxpr
+    _staged: Optional[Callable] = None
+
+    def staged(self, leaves):
+        """The plan staged into the caller's trace: a jit (the plan's shardings) of spmd_call."""
+        if self._staged is None:
+            plan, g = self.plan, self.plan.graph
+            if plan.mesh.is_abstract:
+                raise ShardingError(f"{plan.mesh} is abstract: {plan.fn_name} can be planned and lowered "
+                                    f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
+            in_sh = tuple(staged_sharding(plan, even_dims(plan, v.shape, plan.fine_dims(v)), f"argument {n}")[0]
+                          for v, n in zip(g.inputs, plan.in_names))
+            out_sh = tuple(s for s, _ in staged_out_shardings(plan))
+            jaxpr, params = self.jaxpr, self.params
+            self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
+                                   out_shardings=out_sh, donate_argnums=self.donate)
+        return jax.tree_util.tree_unflatten(self.out_tree, list(self._staged(*self.closure, *leaves)))
+
+
+class Spmd:
+    """A function partitioned by gspmd_py (see ``spmd``)."""
+
+    def __init__(self, fn: Callable, mesh: Mesh, in_shardings=None, out_shardings=None, *,
+                 static_argnums=(), static_argnames=(), donate_argnums=(),
+                 combine_threshold_bytes: Optional[int] = None, tactics=None, hardware=None,
+                 collective_matmul_bytes: Optional[int] = None):
+        from .tactics import check_tactics
+
+        if not isinstance(mesh, Mesh):
+            raise ShardingError(f"gp.spmd needs a gp.Mesh, got {type(mesh).__name__}")
+        if combine_threshold_bytes is not None and (not isinstance(combine_threshold_bytes, int)
+                                                    or isinstance(combine_threshold_bytes, bool)
+                                                    or combine_threshold_bytes < 0):
+            raise ShardingError(f"gp.spmd: combine_threshold_bytes must be a non-negative int (0: never combine), "
+                                f"got {combine_threshold_bytes!r}")
+        self.fn, self.mesh = fn, mesh
+        self.combine_threshold_bytes = combine_threshold_bytes
+        self.shaping = Shaping(hardware, collective_matmul_bytes)
+        self.in_shardings, self.out_shardings = in_shardings, out_shardings
+        self.tactics = check_tactics(tactics)
+        self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
+        # bounded LRUs (PLAN_CACHE_SIZE = 64 keys each): entries by full call key, and the fast path's
+        # entries by call_key (tree + type/shape/dtype per leaf) for calls without statics or keywords
+        self._entries = PlanCache(PLAN_CACHE_SIZE)
+        self._fast = PlanCache(PLAN_CACHE_SIZE)
+        # copy __name__/__doc__/..., never the wrapped object's __dict__ (eqx.filter_jit's "fn" field
+        # would replace this object's own attributes)
+        functools.update_wrapper(self, fn, updated=())
+
+    def __get__(self, obj, objtype=None):
+        """As a method (``@gp.spmd`` on a ``def`` in a class), bind the instance as the first
+        positional argument, as jax.jit does: it is ``arg0`` (a pytree, or static by
+        ``static_argnums=0``) and ``in_shardings`` counts it."""
+        return self if obj is None else functools.partial(self, obj)
+
+    def plan(self, *args, **kwargs) -> Plan:
+        """The plan for these arguments (arrays or jax.ShapeDtypeStructs): compiles nothing, runs nothing."""
+        return self._entry(self._sig.bind(args, kwargs, plan_only=True)).plan
+
+    def __call__(self, *args, **kwargs):
+        if jax.config.jax_disable_jit:  # debugging, as jax.jit: the plain function, op by op
+            return self.fn(*args, **kwargs)
+        fast = not kwargs and not self._sig.static_argnums and not self._sig.static_argnames
+        if fast:  # a call seen before with concrete arrays: flatten, key, lookup, the compiled call
+            key, leaves, _ = call_key(args)
+            e = self._fast.get(key)
+            if e is not None:
+                check_same_program(e.plan)
+                return e.plan.run(leaves)
+        call = self._sig.bind(args, kwargs)
+        if call.traced and in_manual_context():
+            raise ArgumentError(
+                f"{self._sig.fn_name} is called inside jax.shard_map/pmap: a gp.spmd function is a whole SPMD "
+                f"program over {self.mesh} and cannot run per device; call the plain function there, or call "
+                f"the gp.spmd function outside the shard_map")
+        entry = self._entry(call)
+        if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
+            return entry.staged(call.leaves)
+        check_same_program(entry.plan)  # multi-process runs only: every process planned this program
+        if fast:
+            self._fast.put(key, entry)  # (tracers never get here: their calls are staged above)
+        return entry.plan.run(call.leaves)
+
+    def from_local(self, *local_args, global_shapes=None):
+        """Call with each process's own block of every argument (multi-process runs; see
+        ``gspmd_py/global_inputs.py``): an argument split across processes by its in_sharding
+        is passed as the part this process's devices hold (``gp.distributed.local_slices``),
+        any other argument whole.
+        ``global_shapes`` (a shape or None per leaf) gives the global shapes that equal blocks
+        cannot infer (uneven dims). Outputs are global jax.Arrays, as from ``f(...)``."""
+        from ..runtime.global_inputs import from_local
+
+        return from_local(self, local_args, global_shapes)
+
+    # -- planning ------------------------------------------------------------------------
+    def _entry(self, call: Call) -> _Entry:
+        key = call.key
+        e = self._entries.get(key)
+        if e is None:
+            e = self._build(call)
+            if not e.closure:  # closed-over tracers belong to one trace: never cached
+                self._entries.put(key, e)
+        return e
+
+    def _build(self, call: Call) -> _Entry:
+        mesh, name = self.mesh, getattr(self.fn, "__name__", None) or type(self.fn).__name__
+        in_names = call.names
+        in_dims = self._in_dims(call)
+        box: list = []
+
+        def flat_fn(*leaves):
+            leaves = [x if d is None else annotate_p.bind(x, spec=_spec_entries(d), priority=0, unspecified=False)
+                      for x, d in zip(leaves, in_dims)]
+            args, kwargs = call.rebuild(leaves)
+            out = self.fn(*args, **kwargs)
+            flat, out_tree = jax.tree_util.tree_flatten(out)
+            flat = [jnp.asarray(o) for o in flat]
+            out_dims = self._out_dims(out, flat)
+            box.append((out_tree, out_dims))
+            return [annotate_p.bind(o, spec=(), priority=0, unspecified=True) if d is None else
+                    annotate_p.bind(o, spec=_spec_entries(d), priority=0, unspecified=False)
+                    for o, d in zip(flat, out_dims)]
+
+        with tracing_mesh(mesh), constraint_errors(mesh):
+            closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
+        out_tree, out_dims = box[-1]
+        n_c, in_tree = len(closure), call.in_tree
+        labels = [f"in_shardings of {nm}" for nm in in_names]
+        leaves, args_tree = None, None
+        if self.tactics:
+            from ..search.context import Leaf, leaves_of_call
+
+            leaves = [Leaf(None, f"closure{i}", f"closure{i}") for i in range(n_c)] + leaves_of_call(call, in_names)
+            tree = jax.tree_util.tree_unflatten(call.in_tree, list(call.avals))
+            args_tree = tuple(tree[0] if call.kw_form else tree)
+        if n_c:  # closed-over tracers become leading inputs, left open to propagation
+            in_names = [f"closure{i}" for i in range(n_c)] + in_names
+            in_dims = [None] * n_c + in_dims
+            labels = [f"closed-over value {i}" for i in range(n_c)] + labels
+            in_tree = jax.tree_util.tree_structure((list(range(n_c)), jax.tree_util.tree_unflatten(
+                call.in_tree, [0] * len(call.leaves))))
+        donate = tuple(n_c + i for i, d in enumerate(call.donated) if d)
+        plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
+                          in_dims=in_dims, in_labels=labels,
+                          out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
+                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes,
+                          tactics=self.tactics, leaves=leaves, args_tree=args_tree, shaping=self.shaping)
+        params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes,
+                            shaping=self.shaping)
+        return _Entry(closed, plan, params, out_tree, donate, closure)
+
+    def _in_dims(self, call: Call) -> list[Optional[Dims]]:
+        """Per dynamic leaf, the canonical dims of its in_sharding (None: open). in_shardings covers
+        the positional arguments that are not static, as under jax.jit."""
+        if self.in_shardings is None:
+            return [None] * len(call.leaves)
+        tree = jax.tree_util.tree_unflatten(call.in_tree, list(call.leaves))
+        args = tree[0] if call.kw_form else tree
+        if call.kw_form and isinstance(self.in_shardings, (tuple, list)) and len(self.in_shardings) != len(args):
+            raise ArgumentError(
+                f"{self._sig.fn_name}: in_shardings has {len(self.in_shardings)} entries for {len(args)} positional "
+                f"arguments; keyword arguments ({', '.join(sorted(tree[1]))}) take none (as under jax.jit): pass "
+                f"the sharded arguments positionally")
+        n = len(jax.tree_util.tree_leaves(tuple(args)))
+        avals, names = call.avals[:n], call.names[:n]
+        dims = spec_dims(self.mesh, self.in_shardings, tuple(args), [len(a.shape) for a in avals],
+                         [_type_str(a) for a in avals], "in_shardings", names)
+        return list(dims) + [None] * (len(call.leaves) - n)
+
+    def _out_dims(self, out, flat) -> list[Optional[Dims]]:
+        if self.out_shardings is None:
+            return [None] * len(flat)
+        return spec_dims(self.mesh, self.out_shardings, out, [o.ndim for o in flat], [_type_str(o) for o in flat],
+                         "out_shardings", [f"out{i}" for i in range(len(flat))])
+
+
+def _type_str(a) -> str:
+    return Value(0, tuple(a.shape), a.dtype).type_str
+
+
+def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=None, out_shardings=None,
+         static_argnums=(), static_argnames=(), donate_argnums=(), combine_threshold_bytes: Optional[int] = None,
+         tactics=None, hardware=None, collective_matmul_bytes: Optional[int] = None):
+    """Partition ``fn`` over ``mesh``; usable as ``gp.spmd(fn, mesh, ...)`` or ``@gp.spmd(mesh=mesh, ...)``.
+
+    ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
+    ``combine_threshold_bytes``: independent collectives of one kind over the same axes are
+    issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
+    ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/tactics.py),
+    each deciding the shardings over the mesh axes it names.
+    ``hardware`` (a gp.Hardware): collectives shaped for it: a reduction over devices that
+    span link levels becomes the cheapest reduce-scatter / all-reduce / all-gather program
+    over sub-groups (partitioner/hierarchy.py); without it the program is unchanged.
+    ``collective_matmul_bytes``: an all-gather feeding a dot, or a dot feeding a
+    reduce-scatter, becomes a ring of collective-permutes and partial dots when the looped
+    operand reaches this many bytes per device (0: always; None: when ``hardware``'s
+    overlapped schedule says it pays, never without one). partitioner/collective_matmul.py.
+    """
+    if fn is not None and not callable(fn):
+        if isinstance(fn, Mesh) and mesh is None:
+            fn, mesh = None, fn
+        else:
+            raise ShardingError(f"gp.spmd: first argument must be the function, got {type(fn).__name__}")
+    if mesh is None:
+        raise ShardingError("gp.spmd needs mesh=gp.Mesh(...)")
+    kw = dict(static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
+              combine_threshold_bytes=combine_threshold_bytes, tactics=tactics, hardware=hardware,
+              collective_matmul_bytes=collective_matmul_bytes)
+    if fn is None:
+        return lambda f: Spmd(f, mesh, in_shardings, out_shardings, **kw)
+    return Spmd(fn, mesh, in_shardings, out_shardings, **kw)

@@ -1,0 +1,180 @@
+"""gp.pipeline: pipeline parallelism the GSPMD way (paper §3.3), written for the user.
+
+No new primitive and no manual code: the schedule is an ordinary JAX loop over
+stage-stacked arrays, annotated so that the stage dim lies on the pipe axis, and the
+partitioner turns it into one SPMD program (Praxis's ``LayerwiseShardablePipelined``,
+MaxText's pipeline module)::
+
+    layers    L = S * R stacked layers: layer l runs on stage l % S in repeat l // S
+    x [B,..]  -> M microbatches of B / M rows (microbatch m holds rows m, m + M, m + 2M, ...,
+              so a batch dim sharded over a data axis stays sharded in every microbatch)
+    loop      T = M * R + S - 1 iterations; at iteration t stage s works on item k = t - s
+              (repeat k // M, microbatch k % M) when 0 <= k < M * R, else it idles (bubble)
+    per t     state [S, mb, ..] (pipe-sharded) shifted one stage by jnp.roll: ONE
+              collective-permute of one microbatch shard (stage s-1 -> s, S-1 -> 0);
+              stage 0 takes microbatch t % M (repeat 0) or its loop-back buffer (repeat > 0:
+              the last stage's output of the previous repeat, arrived by the same shift);
+              every stage runs stage_fn on its own layer (vmapped over S) and files its
+              output in its slot of a pipe-sharded buffer (a local row update)
+    after     the last stage's buffer is the result: one extraction outside the loop
+
+    bubble = (S - 1) / (M * R + S - 1)
+
+With circular_repeats R > 1 the loop-back needs M >= S (a microbatch's output of one repeat
+must reach stage 0 before its next repeat starts there). ``stage_fn(params_of_one_layer,
+microbatch) -> microbatch`` of the same shape and dtype; it may annotate its values over
+other mesh axes (tensor parallelism inside a stage). jax.grad differentiates the loop: the
+backward pass is a pipelined loop too (the transposed scan shifts the other way).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .annotate import OPEN, annotate
+from ..errors import ArgumentError
+
+# the identity on a pipeline's result, carrying its schedule (plan.report() prints it)
+pipeline_p = Primitive("gspmd_pipeline")
+pipeline_p.def_impl(lambda x, **_: x)
+pipeline_p.def_abstract_eval(lambda x, **_: x)
+mlir.register_lowering(pipeline_p, lambda ctx, x, **_: [x])
+batching.primitive_batchers[pipeline_p] = lambda args, dims, **kw: (pipeline_p.bind(args[0], **kw), dims[0])
+ad.deflinear2(pipeline_p, lambda ct, x, **kw: [pipeline_p.bind(ad.instantiate_zeros(ct), **kw)])
+
+
+@attrs.frozen
+class Schedule:
+    """The shape of a pipeline: stages S, microbatches M, circular repeats R."""
+
+    stages: int
+    microbatches: int
+    repeats: int = 1
+
+    @property
+    def iterations(self) -> int:
+        return self.microbatches * self.repeats + self.stages - 1
+
+    @property
+    def bubble(self) -> float:
+        return (self.stages - 1) / self.iterations
+
+    def __str__(self) -> str:
+        return (f"pipeline: {self.stages} stages x {self.microbatches} microbatches x {self.repeats} repeats, "
+                f"{self.iterations} iterations, bubble {self.bubble:.1%}")
+
+
+def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatches: int,
+             circular_repeats: int = 1):
+    """Run ``stage_fn`` layer after layer over ``x`` as a pipeline over mesh axis ``axis``.
+
+    ``stage_params``: a pytree whose leaves have a leading dim of ``stages * circular_repeats``
+    layers (stages = the size of ``axis`` in the mesh the function is partitioned over).
+    Equal to applying the layers in sequence to every row of ``x``::
+
+        for l in range(L): x = stage_fn(params[l], x)
+    """
+    sched = _schedule(stage_params, x, axis, microbatches, circular_repeats)
+    S, M, R = sched.stages, sched.microbatches, sched.repeats
+    mb = x.shape[0] // M
+    # rows m, m + M, ... form microbatch m: a reshape whose major dim keeps x's batch sharding
+    xs = jnp.swapaxes(x.reshape((mb, M) + x.shape[1:]), 0, 1)  # [M, mb, ...]
+    params = jax.tree_util.tree_map(lambda p: _on_stages(p.reshape((R, S) + p.shape[1:]), axis, 1), stage_params)
+    stage = _on_stages(lax.iota(jnp.int32, S), axis, 0)
+    state = _on_stages(jnp.zeros((S,) + xs.shape[1:], x.dtype), axis, 0)
+    outs = _on_stages(jnp.zeros((S, M) + xs.shape[1:], x.dtype), axis, 0)
+    loop_back = _on_stages(jnp.zeros((S, M) + xs.shape[1:], x.dtype), axis, 0) if R > 1 else None
+
+    def body(carry, t):
+        state, outs, loop_back = carry
+        recv = _on_stages(jnp.roll(state, 1, axis=0), axis, 0)  # stage s-1 -> s; S-1 -> 0
+        k = t - stage  # the item each stage works on (bubble slots compute on stale rows, unread)
+        first = jnp.broadcast_to(lax.dynamic_index_in_dim(xs, t % M, 0, keepdims=False), recv.shape)
+        if loop_back is not None:
+            # stage 0 files what the shift brought from the last stage (item t - S), then reads
+            # the loop-back slot of the microbatch it starts now
+            # (every stage files into its own slot: only stage 0's are read, and each slot is
+            # rewritten by its valid item before it is read, so no select over the buffer)
+            filed = lax.dynamic_update_index_in_dim(loop_back, recv, (t - S) % M, 1)
+            loop_back = _on_stages(filed, axis, 0)
+            again = lax.dynamic_index_in_dim(loop_back, t % M, 1, keepdims=False)
+            first = jnp.where(_rows(k >= M, recv.ndim), again, first)
+        inputs = _on_stages(jnp.where(_rows(stage == 0, recv.ndim), first, recv), axis, 0)
+        layer = jax.tree_util.tree_map(lambda p: _layer_of(p, k // M, R, axis), params)
+        y = _on_stages(jax.vmap(stage_fn)(layer, inputs), axis, 0)
+        # every stage files its output in its own slot (only the last stage's are read; the last
+        # write of each slot is its final repeat's): one row block written, no select
+        outs = _on_stages(lax.dynamic_update_index_in_dim(outs, y, (t - (S - 1)) % M, 1), axis, 0)
+        return (y, outs, loop_back), None
+
+    ts = jnp.arange(sched.iterations, dtype=jnp.int32)
+    (_, outs, _), _ = lax.scan(body, (state, outs, loop_back), ts)
+    # [M, mb, ...]: the last stage's rows, extracted once after the loop by a dynamic index on
+    # the pipe-sharded dim: the owner contributes its rows, one bit-exact "pick" all-reduce
+    out = lax.dynamic_index_in_dim(outs, jnp.int32(S - 1), 0, keepdims=False)
+    out = jnp.swapaxes(out, 0, 1).reshape(x.shape)
+    return pipeline_p.bind(out, axis=axis, stages=S, microbatches=M, repeats=R)
+
+
+def schedules(graph) -> list[tuple[str, Schedule]]:
+    """The pipelines of a planned graph: (axis, schedule), in program order."""
+    return [(op.params["axis"], Schedule(op.params["stages"], op.params["microbatches"], op.params["repeats"]))
+            for op in graph.walk() if op.prim == "gspmd_pipeline"]
+
+
+def _schedule(stage_params, x, axis: str, microbatches: int, repeats: int) -> Schedule:
+    leaves = jax.tree_util.tree_leaves(stage_params)
+    if not leaves:
+        raise ArgumentError("gp.pipeline: stage_params has no arrays (it needs one leaf per stacked layer weight)")
+    if not isinstance(axis, str) or not axis:
+        raise ArgumentError(f"gp.pipeline: axis must be a mesh axis name, got {axis!r}")
+    for name, v in (("microbatches", microbatches), ("circular_repeats", repeats)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ArgumentError(f"gp.pipeline: {name} must be a positive int, got {v!r}")
+    layers = {jnp.shape(p)[0] if jnp.ndim(p) else None for p in leaves}
+    if len(layers) != 1 or None in layers:
+        shapes = [tuple(jnp.shape(p)) for p in leaves]
+        raise ArgumentError(f"gp.pipeline: every stage_params leaf needs the same leading (layer) dim; got shapes "
+                            f"{shapes}")
+    (n_layers,) = layers
+    if n_layers % repeats:
+        raise ArgumentError(f"gp.pipeline: {n_layers} stacked layers do not split into circular_repeats={repeats} "
+                            f"repeats of equal stages")
+    stages = n_layers // repeats
+    if jnp.ndim(x) < 1 or x.shape[0] % microbatches:
+        raise ArgumentError(f"gp.pipeline: the batch dim of x (shape {tuple(jnp.shape(x))}) does not split into "
+                            f"microbatches={microbatches} equal microbatches")
+    if repeats > 1 and microbatches < stages:
+        raise ArgumentError(f"gp.pipeline: circular_repeats={repeats} needs microbatches >= stages ({microbatches} < "
+                            f"{stages}): a microbatch's output must come back to stage 0 before its next repeat")
+    return Schedule(stages, microbatches, repeats)
+
+
+def _on_stages(v, axis: str, dim: int):
+    """``v`` with dim ``dim`` (the stage dim) over ``axis``, its other dims left open."""
+    spec = [OPEN] * v.ndim
+    spec[dim] = axis
+    for d in range(dim):
+        spec[d] = None
+    return annotate(v, tuple(spec))
+
+
+def _rows(mask, ndim: int = 1):
+    """A per-stage [S] mask broadcast against [S, ...] values of rank ``ndim``."""
+    return mask.reshape(mask.shape + (1,) * (ndim - 1))
+
+
+def _layer_of(p, repeat, repeats: int, axis: str):
+    """Each stage's layer of its current repeat from [R, S, ...] stacked weights: a chain of
+    selects over the R repeats (local on the pipe-sharded stage dim; no gather, exact)."""
+    out = p[0]
+    for r in range(1, repeats):
+        out = jnp.where(_rows(repeat == r, out.ndim), p[r], out)
+    return _on_stages(out, axis, 0)
+

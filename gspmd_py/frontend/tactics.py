@@ -1,0 +1,337 @@
+"""Tactics: the sharding schedule, kept apart from the model code (PartIR).
+
+    f = gp.spmd(train_step, mesh, tactics=[gp.tactics.batch("x"),
+                                          gp.tactics.rules([("*attn*/kernel", gp.P(None, "y"))]),
+                                          gp.tactics.zero("x"),
+                                          gp.tactics.auto("y", time_budget_s=10)])
+
+Tactics run in order at plan time, over the traced program. Each decides shardings over
+the mesh axes it names ("dim d of value v over axis a") and leaves everything else to the
+next; what they decided becomes seeds of propagation (decided dims closed, the rest open),
+so ``plan.explain(v)`` names the tactic behind a value and ``plan.report()`` lists the
+tactics, what each decided and the predicted step after each. Values the user fixed
+(``in_shardings``, ``gp.annotate``) are never changed by a tactic.
+
+* ``batch(axis, argnums=None)``: the leading dim of every data argument over ``axis``
+  (every positional argument but the first, JAX's ``fn(params, *batch)``, or ``argnums``).
+* ``rules(rules)``: specs by key path (a ``gp.rules`` object or a list of (pattern, spec)),
+  matched inside every positional argument.
+* ``zero(axis, argnums=(0,))``: weight-update sharding (ZeRO-3 / FSDP, GSPMD paper §3.3):
+  every parameter leaf (of ``argnums``), and every value of its shape derived from it
+  elementwise (optimizer state, gradients, updates, the new parameters), sharded over
+  ``axis`` on the largest dim it divides; uses of the parameters (dots) see them gathered,
+  gradients arrive reduce-scattered.
+* ``auto(*axes, hardware=None, memory_limit=None, time_budget_s=30, seed=0)``: the search
+  (gspmd_py/search/) over the named axes (none named: every axis no earlier tactic named).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import attrs
+
+from ..errors import ShardingError, SpecError
+from ..mesh import AxisRef
+from ..search.context import TacticContext, TacticRecord
+
+
+class TacticError(ShardingError):
+    """A tactic cannot apply: an unknown axis, a bad argument number, a bad rule."""
+
+
+def _axis(ctx: TacticContext, name: str, tactic: str) -> AxisRef:
+    if name not in ctx.mesh.axis_names:
+        raise TacticError(f"{tactic}: mesh {ctx.mesh} has no axis {name!r} (axes: {', '.join(ctx.mesh.axis_names)})")
+    return ctx.mesh.ref(name)
+
+
+def _argnums(v, what: str) -> Optional[tuple[int, ...]]:
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v,)
+    try:
+        out = tuple(v)
+    except TypeError:
+        raise TacticError(f"{what}: argnums must be an int or a sequence of ints, got {v!r}") from None
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in out):
+        raise TacticError(f"{what}: argnums must be ints, got {v!r}")
+    return out
+
+
+def _check_axis_name(axis, what: str) -> str:
+    if not isinstance(axis, str):
+        raise TacticError(f"{what}: the mesh axis must be a name (str), got {axis!r}")
+    return axis
+
+
+def _record(ctx: TacticContext, text: str, before: dict, result=None) -> None:
+    raw = []
+    for vid, dims in ctx.decided.items():
+        old = before.get(vid, [[] for _ in dims])
+        for d, axes in enumerate(dims):
+            for a in axes:
+                if a not in old[d]:
+                    raw.append((vid, d, a))
+    decided = tuple((ctx.label(ctx.value(vid)), d, str(a)) for vid, d, a in raw)
+    ctx.log.append(TacticRecord(text, decided, None, result, tuple(raw)))
+
+
+def _snapshot(ctx: TacticContext) -> dict:
+    return {k: [list(d) for d in v] for k, v in ctx.decided.items()}
+
+
+class _OneAxis:
+    """A tactic that decides one mesh axis (``self.axis``)."""
+
+    axis: str
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return (self.axis,)
+
+
+@attrs.frozen
+class Batch(_OneAxis):
+    axis: str
+    argnums: Optional[tuple[int, ...]] = None
+
+    def __str__(self) -> str:
+        return f"batch({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums is not None else "") + ")"
+
+    def apply(self, ctx: TacticContext) -> None:
+        a = _axis(ctx, self.axis, str(self))
+        before = _snapshot(ctx)
+        nums = self.argnums
+        n_args = max([lf.argnum for lf in ctx.leaves if lf.argnum is not None], default=-1) + 1
+        if nums is not None:
+            bad = [i for i in nums if not -n_args <= i < n_args]
+            if bad:
+                raise TacticError(f"{self}: the function takes {n_args} positional array arguments; no argument {bad}")
+            nums = tuple(i % n_args for i in nums)
+        for v, lf in zip(ctx.graph.inputs, ctx.leaves):
+            if lf.argnum is None or v.rank == 0:
+                continue
+            if (nums is None and lf.argnum == 0) or (nums is not None and lf.argnum not in nums):
+                continue
+            ctx.add(v, 0, a, str(self))
+        _record(ctx, str(self), before)
+
+
+@attrs.frozen
+class Rules:
+    rules: object  # a gp.Rules
+
+    def __str__(self) -> str:
+        return f"rules({self.rules!r})"
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        out = []
+        for _, spec in getattr(self.rules, "rules", ()):
+            for e in (spec or ()):
+                for n in (e if isinstance(e, tuple) else (e,)):
+                    if isinstance(n, str) and n not in out:
+                        out.append(n)
+        return tuple(out)
+
+    def apply(self, ctx: TacticContext) -> None:
+        import jax
+
+        from .specs import spec_dims
+
+        before = _snapshot(ctx)
+        args = ctx.args_tree if ctx.args_tree is not None else ()
+        pos = [(v, lf) for v, lf in zip(ctx.graph.inputs, ctx.leaves) if lf.argnum is not None]
+        leaves = jax.tree_util.tree_leaves(args)
+        if len(leaves) != len(pos):  # pragma: no cover - the same call flattened twice
+            raise TacticError(f"{self}: {len(leaves)} argument leaves for {len(pos)} inputs")
+        dims = spec_dims(ctx.mesh, tuple(self.rules for _ in args), tuple(args), [v.rank for v, _ in pos],
+                         [v.type_str for v, _ in pos], "tactics.rules", [lf.name for _, lf in pos])
+        for (v, lf), d in zip(pos, dims):
+            if d is None:
+                continue
+            for i, axes in enumerate(d):
+                for a in axes or ():
+                    if not ctx.fixed(v) and any(x.name == a.name for dd in ctx.dims(v) for x in dd):
+                        continue  # an earlier tactic decided this axis for this value
+                    ctx.add(v, i, a, "rules", even=False)  # a rule says so explicitly: uneven is padded
+        _record(ctx, "rules", before)
+
+
+@attrs.frozen
+class Zero(_OneAxis):
+    axis: str
+    argnums: tuple[int, ...] = (0,)
+
+    def __str__(self) -> str:
+        return f"zero({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums != (0,) else "") + ")"
+
+    def apply(self, ctx: TacticContext) -> None:
+        from ..search.points import elementwise_family
+
+        a = _axis(ctx, self.axis, str(self))
+        before = _snapshot(ctx)
+        params = [v for v, lf in zip(ctx.graph.inputs, ctx.leaves) if lf.argnum in self.argnums and v.rank > 0]
+        for p in params:
+            dim = _zero_dim(ctx, p, a)
+            if dim is None:
+                continue  # too small to split: stays as it is (replicated over the axis)
+            for v in elementwise_family(ctx.graph, p):
+                if v.shape == p.shape:
+                    ctx.add(v, dim, a, str(self))
+        _record(ctx, str(self), before)
+
+
+def _zero_dim(ctx: TacticContext, v, a: AxisRef) -> Optional[int]:
+    """The dim ``a`` shards: an unsharded one if any divides, the largest of those (first on ties)."""
+    dims = ctx.dims(v)
+    ok = [d for d in range(v.rank) if ctx.can_add(v, d, a)]
+    return min(ok, key=lambda d: (bool(dims[d]), -v.shape[d], d), default=None)
+
+
+@attrs.frozen
+class Auto:
+    axes_: tuple[str, ...] = ()
+    hardware: object = None
+    memory_limit: Optional[float] = None
+    time_budget_s: float = 30.0
+    seed: int = 0
+
+    def __str__(self) -> str:
+        return "auto(" + ", ".join(repr(a) for a in self.axes_) + ")"
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self.axes_
+
+    def apply(self, ctx: TacticContext) -> None:
+        from ..search.optimizer import search
+
+        names = list(self.axes_) or ctx.free_axes()
+        for n in names:
+            _axis(ctx, n, str(self))
+        before = _snapshot(ctx)
+        result = search(ctx, names, hardware=self.hardware, memory_limit=self.memory_limit,
+                        time_budget_s=self.time_budget_s, seed=self.seed, who=str(self))
+        for vid, dims in result.decisions.items():
+            v = ctx.value(vid)
+            for d, axes in enumerate(dims):
+                for x in axes:
+                    ctx.add(v, d, x, str(self))
+        _record(ctx, str(self), before, result)
+
+
+@attrs.frozen
+class Decided:
+    """Decisions replayed by value id (``AutoResult.spmd``): the same program traced again has
+    the same value ids; a decision whose value is missing or has another shape is skipped."""
+
+    decisions: tuple  # ((value id, shape, dims as axis-name tuples), ...)
+    text: str = "auto"
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(sorted({a for _, _, dims in self.decisions for d in dims for a in d}))
+
+    def apply(self, ctx: TacticContext) -> None:
+        before = _snapshot(ctx)
+        vals = {v.id: v for v in ctx.graph.all_values()}
+        for vid, shape, dims in self.decisions:
+            v = vals.get(vid)
+            if v is None or v.shape != tuple(shape):
+                continue
+            for d, axes in enumerate(dims):
+                for n in axes:
+                    ctx.add(v, d, ctx.mesh.ref(n), self.text)
+        _record(ctx, self.text, before)
+
+
+TACTICS = (Batch, Rules, Zero, Auto, Decided)
+
+
+# -- the public constructors -------------------------------------------------------------
+
+def batch(axis: str, argnums=None) -> Batch:
+    """The leading dim of every data argument over ``axis`` (default: every positional argument
+    but the first; or those in ``argnums``)."""
+    return Batch(_check_axis_name(axis, "gp.tactics.batch"), _argnums(argnums, "gp.tactics.batch"))
+
+
+def rules(r) -> Rules:
+    """Specs by parameter name: a ``gp.rules`` object or a list of (pattern, spec) pairs."""
+    from .rules import Rules as RulesObj, rules as make
+
+    if isinstance(r, RulesObj):
+        return Rules(r)
+    try:
+        return Rules(make(r))
+    except SpecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - said as a tactic error
+        raise TacticError(f"gp.tactics.rules: expected gp.rules(...) or a list of (pattern, spec), got {r!r}: {e}") \
+            from None
+
+
+def zero(axis: str, argnums=(0,)) -> Zero:
+    """Weight-update sharding over ``axis`` (ZeRO-3 / FSDP) of the parameters in ``argnums``."""
+    return Zero(_check_axis_name(axis, "gp.tactics.zero"), _argnums(argnums, "gp.tactics.zero"))
+
+
+def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30, seed: int = 0) -> Auto:
+    """Search the shardings over ``axes`` (default: every axis no earlier tactic named); see
+    gspmd_py/search/optimizer.py. ``hardware=None``: ``gp.Hardware.preset("h100-node")``."""
+    from ..cost import Hardware
+
+    for a in axes:
+        _check_axis_name(a, "gp.tactics.auto")
+    if hardware is not None and not isinstance(hardware, Hardware):
+        raise TacticError(f"gp.tactics.auto: hardware must be a gp.Hardware, got {type(hardware).__name__}")
+    if memory_limit is not None and not (isinstance(memory_limit, (int, float)) and memory_limit > 0):
+        raise TacticError(f"gp.tactics.auto: memory_limit must be a positive number of bytes, got {memory_limit!r}")
+    if not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):
+        raise TacticError(f"gp.tactics.auto: time_budget_s must be positive, got {time_budget_s!r}")
+    return Auto(tuple(axes), hardware, memory_limit, float(time_budget_s), int(seed))
+
+
+def check_tactics(tactics) -> tuple:
+    if tactics is None:
+        return ()
+    if isinstance(tactics, TACTICS):
+        tactics = [tactics]
+    out = tuple(tactics)
+    for t in out:
+        if not isinstance(t, TACTICS):
+            raise TacticError(f"gp.spmd: tactics must be gp.tactics.batch/rules/zero/auto(...), got {t!r}")
+    return out
+
+
+def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> TacticContext:
+    """Run ``tactics`` in order over ``ctx``; each record gets the predicted step after it
+    (priced on ``hardware``, default the last auto tactic's, else h100-node)."""
+    from ..cost import Hardware
+    from ..search.price import Pricer
+
+    for t in tactics:
+        t.apply(ctx)
+        ctx.used_axes.extend(a for a in t.axes if a not in ctx.used_axes)
+    hw = hardware
+    for t in tactics:
+        if isinstance(t, Auto) and t.hardware is not None:
+            hw = t.hardware
+    hw = hw or Hardware.preset("h100-node")
+    pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate)
+    full, upto = ctx.decided, {}
+    try:
+        for i, rec in enumerate(ctx.log):  # the step after each tactic: its decisions and those before it
+            for vid, d, a in rec.raw:
+                upto.setdefault(vid, [[] for _ in ctx.value(vid).shape])[d].append(a)
+            ctx.decided = upto
+            price, _ = pricer.price(ctx.seeds())
+            ctx.log[i] = attrs.evolve(rec, step_s=price.step_s)
+    finally:
+        ctx.decided = full
+    return ctx

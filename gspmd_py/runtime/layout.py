@@ -1,0 +1,107 @@
+"""Program-boundary layouts over the USER's mesh.
+
+A plan that splits a mesh axis into sub-axes runs on a finer JAX mesh (``y`` of size 4
+as ``y_0``, ``y_1``). Arrays it returns should still be NamedShardings over the user's
+mesh, so the next ``jax.jit`` over that mesh takes them as they are. The two meshes
+hold the same devices in the same order, so a sharding whose sub-axes merge back into
+whole user axes (major first) is the same layout under the user's names: no data moves.
+
+    >>> fine dims (("y_0", "y_1"), ("x",))   ->  P("y", "x") over Mesh(x=2, y=4)
+    >>> fine dims (("y_1",), ())              ->  not expressible: dim 0 uses y:(2)2, part of y
+
+A layout that cannot be said over the user's mesh is returned over the execution mesh
+by a direct call (``boundary_sharding``; the report says why). A staged call (under a
+JAX transformation) cannot do that: JAX converts the layouts of arrays leaving a jit to
+its input mesh and refuses ones it cannot express, so there such outputs are resharded
+to the nearest user-mesh layout (``staged_sharding``: the partial sub-axes dropped).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterator, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as JP
+
+from ..mesh import Mesh
+from ..partitioner.fine_mesh import FineMesh
+
+
+@contextlib.contextmanager
+def own_mesh() -> Iterator[None]:
+    """No JAX mesh context while gspmd_py builds or stages its program (a shard_map over its own
+    execution mesh): not the user's ``jax.set_mesh``, not the abstract mesh an enclosing gp.spmd
+    traces under (constraints.tracing_mesh). Works inside a trace, unlike ``jax.set_mesh``."""
+    if jax.sharding.get_abstract_mesh().empty:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        yield
+
+
+@functools.lru_cache(maxsize=64)
+def user_jax_mesh(mesh: Mesh) -> jax.sharding.Mesh:
+    """The jax Mesh with the user's axis names and shape (same devices as the plan's mesh)."""
+    return jax.sharding.Mesh(mesh.jax_devices(), mesh.axis_names)
+
+
+def user_spec(fine: FineMesh, fdims: Sequence[Sequence[str]]) -> tuple[Optional[JP], str]:
+    """``fdims`` (fine axis names per dim) as a PartitionSpec over the user's mesh, or why not."""
+    entries = []
+    for d, names in enumerate(fdims):
+        if not names:
+            entries.append(None)
+            continue
+        refs = fine.coarse(names)
+        part = [str(r) for r in refs if not r.whole]
+        if part:
+            return None, f"dim {d} is sharded over {', '.join(part)}, part of a mesh axis"
+        entries.append(refs[0].name if len(refs) == 1 else tuple(r.name for r in refs))
+    return JP(*entries), ""
+
+
+def nearest_user_spec(fine: FineMesh, fdims: Sequence[Sequence[str]]) -> JP:
+    """The layout over the user's mesh nearest to ``fdims``: per dim, its whole user axes only."""
+    entries = []
+    for names in fdims:
+        whole = [r.name for r in (fine.coarse(names) if names else ()) if r.whole]
+        entries.append(None if not whole else whole[0] if len(whole) == 1 else tuple(whole))
+    return JP(*entries)
+
+
+def fine_spec(fdims: Sequence[Sequence[str]]) -> JP:
+    return JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in fdims])
+
+
+def boundary_sharding(plan, fdims, what: str) -> NamedSharding:
+    """The NamedSharding of a boundary array laid out as ``fdims``: over the user's mesh when the
+    layout can be said there, else over the plan's fine mesh (and a note in plan.report())."""
+    if plan.fine.names == plan.mesh.axis_names:
+        return NamedSharding(user_jax_mesh(plan.mesh), fine_spec(fdims))
+    spec, why = user_spec(plan.fine, fdims)
+    if spec is not None:
+        return NamedSharding(user_jax_mesh(plan.mesh), spec)
+    plan.ctx.notes.append(f"{what} is returned over the execution mesh "
+                          f"{dict(zip(plan.fine.names, plan.fine.sizes))}, not over {plan.mesh}: {why}")
+    return NamedSharding(plan.jax_mesh, fine_spec(fdims))
+
+
+def staged_sharding(plan, fdims, what: str) -> tuple[NamedSharding, bool]:
+    """The user-mesh NamedSharding of a boundary array of a staged call, and whether the layout
+    differs from ``fdims`` (then the program's value is resharded to it, and the report says so)."""
+    spec, why = user_spec(plan.fine, fdims)
+    if spec is not None:
+        return NamedSharding(user_jax_mesh(plan.mesh), spec), False
+    near = nearest_user_spec(plan.fine, fdims)
+    plan.ctx.notes.append(f"under a JAX transformation, {what} is resharded to {near} over {plan.mesh} at the "
+                          f"program boundary: {why}")
+    return NamedSharding(user_jax_mesh(plan.mesh), near), True
+
+
+def even_dims(plan, shape, fdims):
+    """``fdims`` with the axes of dims they do not divide dropped (a jax.Array's sharding)."""
+    k = lambda axes: int(np.prod([plan.fine.size_of[a] for a in axes], dtype=np.int64))
+    return tuple(tuple(a) if a and n % k(a) == 0 else () for n, a in zip(shape, fdims))

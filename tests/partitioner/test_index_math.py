@@ -1,0 +1,350 @@
+"""Index math: Numba kernels == NumPy twins, and both == brute force on small sizes."""
+from __future__ import annotations
+
+import doctest
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from gspmd_py.partitioner import halo_tables
+from gspmd_py.partitioner import index_math as im
+
+# ----------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------
+
+
+def _eq_dict(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            assert a[key].dtype == np.int64 and b[key].dtype == np.int64, key
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            assert type(a[key]) is int and type(b[key]) is int and a[key] == b[key], key
+
+
+def _brute_n_out(n_in, window, stride, dilation, pad_lo, pad_hi, ld) -> int:
+    """Count output rows o >= 0 whose whole window fits in the padded dilated input."""
+    dilated = 0 if n_in == 0 else (n_in - 1) * ld + 1
+    total = pad_lo + dilated + pad_hi
+    o = 0
+    while o * stride + (window - 1) * dilation <= total - 1:
+        o += 1
+    return o
+
+
+def _rows_read(o, n_in, window, stride, dilation, pad_lo, ld) -> list[int]:
+    rows = []
+    for j in range(window):
+        q = o * stride + j * dilation - pad_lo
+        if q % ld == 0 and 0 <= q // ld < n_in:
+            rows.append(q // ld)
+    return rows
+
+
+window_args = st.tuples(
+    st.integers(0, 40),   # n_in
+    st.integers(1, 12),   # k
+    st.integers(1, 9),    # window (often > n_in)
+    st.integers(1, 4),    # stride
+    st.integers(1, 3),    # dilation
+    st.integers(-3, 6),   # pad_lo
+    st.integers(-3, 6),   # pad_hi
+    st.integers(1, 3),    # lhs_dilation
+)
+
+
+# ----------------------------------------------------------------------------------------
+# shard_bounds / valid_mask / offsets_for
+# ----------------------------------------------------------------------------------------
+
+@given(st.integers(0, 10_000), st.integers(1, 3000))
+def test_shard_bounds_matches_np(n, k):
+    start, stop = im.shard_bounds_nb(n, k)
+    s2, e2 = im.shard_bounds_np(n, k)
+    assert start.dtype == stop.dtype == np.int64 and start.shape == (k,)
+    np.testing.assert_array_equal(start, s2)
+    np.testing.assert_array_equal(stop, e2)
+
+
+@given(st.integers(0, 60), st.integers(1, 70))
+def test_shard_bounds_brute(n, k):
+    c = -(-n // k)
+    start, stop = im.shard_bounds(n, k)
+    owner = np.full(n, -1)
+    for i in range(k):
+        assert start[i] <= stop[i] and stop[i] - start[i] <= c
+        owner[start[i]:stop[i]] += i + 1
+    np.testing.assert_array_equal(owner, np.arange(n) // max(c, 1))  # each row owned exactly once
+
+
+# ----------------------------------------------------------------------------------------
+# window_halos
+# ----------------------------------------------------------------------------------------
+
+@given(window_args)
+def test_window_halos_matches_np(args):
+    a = im.window_halos_nb(*args)
+    b = im.window_halos_np(*args)
+    _eq_dict(a, b)
+    # the blocked NumPy path (tiny blocks) gives the same answer
+    _eq_dict(a, im.window_halos_np(*args, block_elems=1))
+
+
+@given(st.integers(0, 3000), st.integers(1, 600), st.integers(1, 200), st.integers(1, 7),
+       st.integers(1, 5), st.integers(-10, 60), st.integers(-10, 60), st.integers(1, 5))
+def test_window_halos_matches_np_large(n_in, k, window, stride, dilation, pad_lo, pad_hi, ld):
+    args = (n_in, k, window, stride, dilation, pad_lo, pad_hi, ld)
+    _eq_dict(im.window_halos_nb(*args), im.window_halos_np(*args))
+
+
+@given(window_args)
+def test_window_halos_brute_force(args):
+    n_in, k, window, stride, dilation, pad_lo, pad_hi, ld = args
+    h = im.window_halos(*args)
+    n_out = _brute_n_out(n_in, window, stride, dilation, pad_lo, pad_hi, ld)
+    assert h["n_out"] == n_out
+    c_out, c_in = -(-n_out // k), -(-n_in // k)
+    for i in range(k):
+        o0, o1 = min(i * c_out, n_out), min((i + 1) * c_out, n_out)
+        s0, s1 = min(i * c_in, n_in), min((i + 1) * c_in, n_in)
+        assert (h["out_start"][i], h["out_stop"][i]) == (o0, o1)
+        assert (h["shard_in_start"][i], h["shard_in_stop"][i]) == (s0, s1)
+        assert h["window_start"][i] == o0 * stride - pad_lo
+        rows = [r for o in range(o0, o1) for r in _rows_read(o, n_in, window, stride, dilation,
+                                                             pad_lo, ld)]
+        lo, hi = (min(rows), max(rows) + 1) if rows else (s0, s0)
+        assert (h["in_lo"][i], h["in_hi"][i]) == (lo, hi), (i, rows)
+        assert h["left_halo"][i] == max(0, s0 - lo)
+        assert h["right_halo"][i] == max(0, hi - s1)
+    assert h["max_left"] == int(h["left_halo"].max())
+    assert h["max_right"] == int(h["right_halo"].max())
+
+
+@given(window_args, st.integers(0, 2**31 - 1))
+def test_window_halos_local_compute(args, seed):
+    """A shard holding rows [own - left_halo, own + right_halo) computes its outputs locally
+    with the padding derived from window_start (as documented); compare to the global op."""
+    n_in, k, window, stride, dilation, pad_lo, pad_hi, ld = args
+    x = np.random.default_rng(seed).integers(1, 100, size=n_in)
+
+    def windowed_sum(xs, n_out, plo):
+        out = np.zeros(n_out, dtype=np.int64)
+        for o in range(n_out):
+            for r in _rows_read(o, xs.size, window, stride, dilation, plo, ld):
+                out[o] += xs[r]
+        return out
+
+    h = im.window_halos(*args)
+    full = windowed_sum(x, h["n_out"], pad_lo)
+    for i in range(k):
+        o0, o1 = int(h["out_start"][i]), int(h["out_stop"][i])
+        s = int(h["shard_in_start"][i] - h["left_halo"][i])
+        e = int(h["shard_in_stop"][i] + h["right_halo"][i])
+        local_pad_lo = s * ld - int(h["window_start"][i])
+        np.testing.assert_array_equal(windowed_sum(x[s:e], o1 - o0, local_pad_lo), full[o0:o1])
+
+
+@given(st.integers(1, 30), st.integers(1, 6), st.integers(1, 3), st.integers(1, 3),
+       st.integers(0, 4), st.integers(0, 4), st.integers(1, 3))
+def test_window_halos_n_out_matches_jax(n_in, window, stride, dilation, pad_lo, pad_hi, ld):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    x = jax.ShapeDtypeStruct((1, 1, n_in), jnp.float32)
+    w = jax.ShapeDtypeStruct((1, 1, window), jnp.float32)
+    try:
+        shape = jax.eval_shape(lambda a, b: lax.conv_general_dilated(
+            a, b, (stride,), [(pad_lo, pad_hi)], lhs_dilation=(ld,), rhs_dilation=(dilation,)),
+            x, w).shape
+    except Exception:  # window larger than the padded input: jax rejects; we say n_out = 0
+        assert im.window_halos_np(n_in, 1, window, stride, dilation, pad_lo, pad_hi, ld)["n_out"] == 0
+        return
+    assert im.window_halos(n_in, 3, window, stride, dilation, pad_lo, pad_hi, ld)["n_out"] == shape[2]
+
+
+def test_window_halos_examples():
+    h = im.window_halos(10, 2, window=3, pad_lo=1, pad_hi=1)
+    assert h["in_lo"].tolist() == [0, 4] and h["in_hi"].tolist() == [6, 10]
+    # k > n: trailing shards empty, no halos there
+    h = im.window_halos(3, 8, window=2)
+    assert h["n_out"] == 2 and h["out_stop"].tolist() == [1, 2, 2, 2, 2, 2, 2, 2]
+    assert h["shard_in_start"].tolist() == [0, 1, 2, 3, 3, 3, 3, 3]
+    assert h["in_lo"].tolist() == [0, 1, 2, 3, 3, 3, 3, 3]   # empty: in_lo = in_hi = shard_in_start
+    assert h["in_hi"].tolist() == [2, 3, 2, 3, 3, 3, 3, 3]
+    assert h["right_halo"].tolist() == [1, 1, 0, 0, 0, 0, 0, 0] and h["max_left"] == 0
+    # window larger than the input: no outputs
+    h = im.window_halos(4, 2, window=7)
+    assert h["n_out"] == 0 and h["max_left"] == h["max_right"] == 0
+    with pytest.raises(ValueError):
+        im.window_halos(4, 2, window=0)
+    with pytest.raises(ValueError):
+        im.window_halos_np(4, 0, window=1)
+
+
+# ----------------------------------------------------------------------------------------
+# device_groups
+# ----------------------------------------------------------------------------------------
+
+@st.composite
+def mesh_and_axes(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=0, max_size=4)))
+    axes = tuple(draw(st.permutations(range(len(shape))))[: draw(st.integers(0, len(shape)))])
+    return shape, axes
+
+
+def _brute_groups(shape, axes):
+    nd = len(shape)
+    if nd == 0:
+        return np.zeros((1, 1), dtype=np.int64)
+    coords = np.indices(shape).reshape(nd, -1)  # column t = coordinates of device t
+    rest = [d for d in range(nd) if d not in axes]
+    n_dev = int(np.prod(shape, dtype=np.int64))
+    gsize = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    out = np.full((n_dev // gsize, gsize), -1, dtype=np.int64)
+    for dev in range(n_dev):
+        g = np.ravel_multi_index(tuple(coords[d, dev] for d in rest), tuple(shape[d] for d in rest))
+        h = np.ravel_multi_index(tuple(coords[a, dev] for a in axes), tuple(shape[a] for a in axes))
+        out[g, h] = dev
+    return out
+
+
+@given(mesh_and_axes())
+def test_device_groups(ma):
+    shape, axes = ma
+    g = halo_tables.device_groups_nb(shape, axes)
+    assert g.dtype == np.int64
+    np.testing.assert_array_equal(g, halo_tables.device_groups_np(shape, axes))
+    np.testing.assert_array_equal(g, _brute_groups(shape, axes))
+
+
+def test_device_groups_errors_and_negative_axes():
+    np.testing.assert_array_equal(halo_tables.device_groups((2, 4), (-1,)), halo_tables.device_groups((2, 4), (1,)))
+    with pytest.raises(ValueError):
+        halo_tables.device_groups((2, 4), (1, 1))
+    with pytest.raises(ValueError):
+        halo_tables.device_groups_np((2, 4), (2,))
+    with pytest.raises(ValueError):
+        halo_tables.device_groups((2, 0), (0,))
+
+
+# ----------------------------------------------------------------------------------------
+# module-level properties
+# ----------------------------------------------------------------------------------------
+
+def test_docstring_examples():
+    from gspmd_py.partitioner import halo_tables
+
+    res = doctest.testmod(im, raise_on_error=False)
+    res2 = doctest.testmod(halo_tables, raise_on_error=False)
+    assert res.failed == 0 and res2.failed == 0 and res.attempted + res2.attempted > 6
+
+
+def test_import_does_not_load_numba():
+    code = ("import sys, gspmd_py, gspmd_py.partitioner.index_math as m; "
+            "assert 'numba' not in sys.modules; m.shard_bounds_np(5, 2); m.shard_bounds(5, 2); "
+            "assert 'numba' not in sys.modules; m.shard_bounds_nb(5, 2); assert 'numba' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dispatch_picks_numba_only_where_it_pays(monkeypatch):
+    """Small work runs the NumPy twin (Numba never loaded for it); past the crossover the
+    kernel runs; the results are the same either way."""
+    calls, run = [], im.run_kernel
+    monkeypatch.setattr(im, "run_kernel", lambda name, *a: calls.append(name) or run(name, *a))
+    np.testing.assert_array_equal(im.shard_bounds(10, 4)[0], [0, 3, 6, 9])
+    assert calls == []
+    monkeypatch.setattr(im, "NUMBA_COLD_WORK", dict.fromkeys(im.NUMBA_COLD_WORK, 4))
+    np.testing.assert_array_equal(im.shard_bounds(10, 4)[0], [0, 3, 6, 9])
+    h = im.window_halos(10, 4, 3, 1, 1, 1, 1, 1)
+    _eq_dict(h, im.window_halos_np(10, 4, 3, 1, 1, 1, 1, 1))
+    assert calls == ["shard_bounds", "window_halos"]
+
+
+def test_planning_a_spatial_conv_on_8_devices_does_not_load_numba():
+    code = ("import os; os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'; "
+            "import sys, numpy as np, jax, gspmd_py as gp; from jax import lax; "
+            "f = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')); "
+            "S = jax.ShapeDtypeStruct; "
+            "p = gp.spmd(f, gp.Mesh((2, 4), ('x', 'y')), in_shardings=(gp.P('x', 'y', None, None), None))"
+            ".plan(S((4, 32, 32, 8), np.float32), S((3, 3, 8, 8), np.float32)); "
+            "assert any(c.kind == 'collective-permute' for c in p.collectives), p.collectives; "
+            "assert 'numba' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------------------
+# fetch_rounds (the halo planner's transfers)
+# ----------------------------------------------------------------------------------------
+
+def _brute_rounds(lo, hi, a, c, holder):
+    """The halo planner's former per-shard loops: one piece per (device, shard) overlap."""
+    k = len(lo)
+    own = np.zeros((3, k), np.int64)
+    by_shift: dict[int, list] = {}
+    for i in range(k):
+        if hi[i] <= lo[i]:
+            continue
+        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
+            r0, r1 = max(lo[i], m * c), min(hi[i], m * c + c)
+            src = holder[m]
+            if src == i:
+                own[:, i] = (r0 - m * c, r0 - a[i], r1 - r0)
+            else:
+                by_shift.setdefault(m - i, []).append((i, src, r0 - m * c, r0 - a[i], r1 - r0))
+    shifts = sorted(by_shift)
+    tabs = np.zeros((3, len(shifts), k), np.int64)
+    source = np.full((len(shifts), k), -1, np.int64)
+    for r, sh in enumerate(shifts):
+        for i, src, so, do, ln in by_shift[sh]:
+            tabs[0, r, src], tabs[1, r, i], tabs[2, r, i], source[r, i] = so, do, ln, src
+    return halo_tables.FetchRounds(own[0], own[1], own[2], np.asarray(shifts, np.int64).reshape(-1), tabs[0], tabs[1],
+                          tabs[2], source)
+
+
+@st.composite
+def fetch_case(draw):
+    k = draw(st.integers(1, 12))
+    c = draw(st.integers(1, 6))
+    S = draw(st.integers(1, 3 * c + 2))
+    a = np.asarray([i * c - draw(st.integers(0, c + 1)) for i in range(k)], np.int64)
+    n = draw(st.integers(max(0, k * c - c + 1), k * c))
+    lo = np.maximum(a, 0)
+    hi = np.maximum(np.minimum(a + S, n), lo)
+    cut = np.asarray(draw(st.lists(st.booleans(), min_size=k, max_size=k)))
+    hi = np.where(cut, lo + (hi - lo) // 2, hi)  # some devices need less (or nothing)
+    holder = np.asarray(draw(st.permutations(range(k))) if draw(st.booleans()) else range(k), np.int64)
+    return lo, hi, a, c, holder
+
+
+def _eq_rounds(x, y):
+    for f in halo_tables.FetchRounds._fields:
+        u, v = getattr(x, f), getattr(y, f)
+        assert u.dtype == v.dtype == np.int64, f
+        np.testing.assert_array_equal(u, v, err_msg=f)
+
+
+@given(fetch_case())
+def test_fetch_rounds_nb_np_brute(case):
+    ref = _brute_rounds(*case)
+    _eq_rounds(halo_tables.fetch_rounds_nb(*case), ref)
+    _eq_rounds(halo_tables.fetch_rounds_np(*case), ref)
+    _eq_rounds(halo_tables.fetch_rounds(*case), ref)
+
+
+def test_fetch_rounds_8192_shards_and_errors():
+    k, c = 8192, 4
+    a = np.arange(k, dtype=np.int64) * c - 2  # a 5-row window, SAME: 2 rows each side
+    lo, hi = np.maximum(a, 0), np.minimum(a + c + 4, k * c)
+    r = halo_tables.fetch_rounds_np(lo, hi, a, c)
+    _eq_rounds(r, halo_tables.fetch_rounds_nb(lo, hi, a, c))
+    assert r.shift.tolist() == [-1, 1] and r.length.max() == 2
+    with pytest.raises(ValueError, match="one entry per device"):
+        halo_tables.fetch_rounds_np([0, 1], [1], [0, 0], 1)
+    with pytest.raises(ValueError, match=r"\[0, k\*c\)"):
+        halo_tables.fetch_rounds_nb([0], [5], [0], 4)
