@@ -8,7 +8,8 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``size``: plan time against program size (1, 8, 32, 96 unrolled transformer blocks)
 * ``devices``: plan time against device count (abstract meshes, 8 to 8,192 devices)
 * ``profile``: cProfile of planning the largest program
-* ``index``: index math, NumPy twins vs Numba kernels (cold and warm), crossovers
+* ``index``: index math, the NumPy definitions vs the Numba kernels they replaced (uncompiled,
+  cold, warm), crossovers, plan time at 8,192-65,536 devices with either
 * ``loops``: a scanned stack vs the same layers unrolled (collectives per iteration, per call);
   gp.pipeline vs data parallelism, predicted on a GPU preset
 * ``auto``: gp.auto_shard's plan against hand-written ones (predicted, measured), DenseLm on TPU v3

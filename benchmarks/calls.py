@@ -5,7 +5,7 @@ inputs already placed, first-call time of fresh function objects (trace + plan +
 compile + run, in a warm process), and collectives (ours: ``plan.collectives``; XLA's:
 counted in its compiled HLO). The first call in a FRESH process (after a trivial
 ``jax.jit`` has warmed JAX itself up) runs in subprocesses, ours and jax.jit's
-alternately: that is where one-time costs of gspmd_py (e.g. loading Numba) show.
+alternately: that is where one-time costs of gspmd_py (imports, first traces) show.
 
     python -m benchmarks --only calls --quick
 """
@@ -161,7 +161,7 @@ def _cold_child(name: str, who: str, quick: bool, shapes) -> dict[str, Any]:
             is_leaf=lambda v: isinstance(v, tuple) and all(isinstance(d, int) for d in v))
         f = jax.jit(fn, in_shardings=jin, out_shardings=jout)
         _block(f(*c_args))
-    return {"seconds": time.perf_counter() - t0, "numba_loaded": "numba" in sys.modules}
+    return {"seconds": time.perf_counter() - t0}
 
 
 def _tuples(x):
@@ -180,7 +180,7 @@ def out_shapes(prog: Program, quick: bool):
 
 
 def cold_first_calls(names: list[str], quick: bool, repeats: int) -> dict[str, dict[str, float]]:
-    """Median first-call seconds in fresh processes: {program: {"ours": s, "jit": s, "numba": bool}}."""
+    """Median first-call seconds in fresh processes: {program: {"ours": s, "jit": s}}."""
     import statistics
 
     env = dict(os.environ)
@@ -189,7 +189,6 @@ def cold_first_calls(names: list[str], quick: bool, repeats: int) -> dict[str, d
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         samples: dict[str, list[float]] = {"ours": [], "jit": []}
-        numba = False
         shapes = out_shapes(programs()[name], quick)
         for r in range(repeats):
             for who in (("ours", "jit") if r % 2 == 0 else ("jit", "ours")):
@@ -200,9 +199,7 @@ def cold_first_calls(names: list[str], quick: bool, repeats: int) -> dict[str, d
                     raise RuntimeError(f"cold run {name}/{who} failed:\n{p.stderr[-2000:]}")
                 d = json.loads(p.stdout.strip().splitlines()[-1])
                 samples[who].append(d["seconds"])
-                numba |= who == "ours" and d["numba_loaded"]
-        out[name] = {"ours": statistics.median(samples["ours"]), "jit": statistics.median(samples["jit"]),
-                     "numba": numba}
+        out[name] = {"ours": statistics.median(samples["ours"]), "jit": statistics.median(samples["jit"])}
     return out
 
 

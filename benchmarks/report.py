@@ -35,8 +35,7 @@ def calls_table(results, cold) -> str:
             f"{fmt_s(r.numpy_ours)} / {fmt_s(r.numpy_jit)} = **{ratio(r.numpy_ours, r.numpy_jit)}**",
             f"{fmt_s(r.placed_ours)} / {fmt_s(r.placed_jit)} = **{ratio(r.placed_ours, r.placed_jit)}**",
             f"{fmt_s(r.first_ours)} / {fmt_s(r.first_jit)} = **{ratio(r.first_ours, r.first_jit)}**",
-            (f"{fmt_s(c['ours'])} / {fmt_s(c['jit'])} = **{ratio(c['ours'], c['jit'])}**"
-             + (" (numba)" if c.get("numba") else "")) if c else "-",
+            f"{fmt_s(c['ours'])} / {fmt_s(c['jit'])} = **{ratio(c['ours'], c['jit'])}**" if c else "-",
             f"{r.colls_ours[2]} ({_mib(r.colls_ours[1])})",
             f"{r.colls_xla[2]} ({_mib(r.colls_xla[1])})",
         ])

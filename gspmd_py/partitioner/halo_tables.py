@@ -1,5 +1,6 @@
-"""Plan-time tables of collectives, vectorised over all devices (Numba kernels + NumPy twins,
-dispatched by index_math.use_numba): device groups, and the halo planner's transfer rounds.
+"""Plan-time tables of collectives, vectorised over all devices (one NumPy definition each,
+no Numba: see index_math's header for the measurement): device groups, and the halo
+planner's transfer rounds.
 
     >>> device_groups((2, 3), (0,)).tolist()
     [[0, 3], [1, 4], [2, 5]]
@@ -10,7 +11,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from .index_math import I64, as_int, kernels, run_kernel, use_numba
+from .index_math import I64, as_int
 
 
 # ========================================================================================
@@ -31,46 +32,7 @@ def _mesh_args(mesh_shape: Sequence[int], axes: Sequence[int]) -> tuple[np.ndarr
     return np.asarray(shape, dtype=I64).reshape(-1), np.asarray(ax, dtype=I64).reshape(-1)
 
 
-def _device_groups_kernel(shape, axes):
-    nd = shape.shape[0]
-    strides = np.empty(nd, np.int64)
-    total = 1
-    for d in range(nd - 1, -1, -1):
-        strides[d] = total
-        total *= shape[d]
-    in_group = np.zeros(nd, np.bool_)
-    gsize = 1
-    for t in range(axes.shape[0]):
-        in_group[axes[t]] = True
-        gsize *= shape[axes[t]]
-    ngroups = total // gsize
-    rest = np.empty(nd - axes.shape[0], np.int64)
-    j = 0
-    for d in range(nd):
-        if not in_group[d]:
-            rest[j] = d
-            j += 1
-    base = np.empty(ngroups, np.int64)  # a group's first device (row-major over the other dims)
-    off = np.empty(gsize, np.int64)  # a member's offset from it (row-major over ``axes``, as given)
-    for which in range(2):
-        dims = rest if which == 0 else axes
-        vals = base if which == 0 else off
-        for g in range(vals.shape[0]):
-            rem = g
-            pos = 0
-            for t in range(dims.shape[0] - 1, -1, -1):
-                d = dims[t]
-                pos += (rem % shape[d]) * strides[d]
-                rem //= shape[d]
-            vals[g] = pos
-    out = np.empty((ngroups, gsize), np.int64)
-    for gi in range(ngroups):
-        for h in range(gsize):
-            out[gi, h] = base[gi] + off[h]
-    return out
-
-
-def device_groups_nb(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
     """int64[num_groups, group_size]: the device groups of a collective over mesh ``axes``.
 
     Devices are the row-major positions ``0 .. prod(mesh_shape)-1``. Row ``g`` lists the
@@ -84,16 +46,6 @@ def device_groups_nb(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarr
     [[0, 3], [1, 4], [2, 5]]
     >>> device_groups((2, 3), (1, 0)).tolist()        # axis 1 major within the group
     [[0, 3, 1, 4, 2, 5]]
-    """
-    shape, ax = _mesh_args(mesh_shape, axes)
-    return run_kernel("device_groups", shape, ax)
-
-
-def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """NumPy twin of :func:`device_groups_nb`.
-
-    >>> device_groups_np((2, 2, 2), (2, 0)).tolist()
-    [[0, 4, 1, 5], [2, 6, 3, 7]]
     """
     shape, ax = _mesh_args(mesh_shape, axes)
     nd = shape.size
@@ -112,23 +64,12 @@ def device_groups_np(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarr
     return lin(rest)[:, None] + lin(ax.tolist())[None, :]
 
 
-def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """:func:`device_groups_np` or :func:`device_groups_nb`, whichever pays (work: devices).
-
-    >>> device_groups((2, 3), (0,)).tolist()
-    [[0, 3], [1, 4], [2, 5]]
-    """
-    shape, _ = _mesh_args(mesh_shape, axes)
-    work = int(np.prod(shape, dtype=np.int64))
-    return device_groups_nb(mesh_shape, axes) if use_numba("device_groups", work) else device_groups_np(mesh_shape, axes)
-
-
 # ========================================================================================
 # 4. fetch_rounds (the halo planner's transfers)
 # ========================================================================================
 
 class FetchRounds(NamedTuple):
-    """The transfers that give every device the rows it needs (see :func:`fetch_rounds_nb`).
+    """The transfers that give every device the rows it needs (see :func:`fetch_rounds`).
 
     ``own_*`` are int64[k]; the rest are int64[R, k] for the R rounds (one per shift).
     """
@@ -160,55 +101,7 @@ def _fetch_args(lo: Any, hi: Any, a: Any, c: int, holder: Any) -> tuple:
     return lo, hi, a, c, holder
 
 
-def _fetch_rounds_kernel(lo, hi, a, c, holder):
-    k = lo.shape[0]
-    own_src = np.zeros(k, np.int64)
-    own_dst = np.zeros(k, np.int64)
-    own_len = np.zeros(k, np.int64)
-    # pass 1: which shifts occur (shift = m - i lies in [-(k-1), k-1])
-    present = np.zeros(2 * k + 1, np.bool_)
-    for i in range(k):
-        if hi[i] <= lo[i]:
-            continue
-        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
-            if holder[m] != i:
-                present[m - i + k] = True
-    slot = np.full(2 * k + 1, -1, np.int64)
-    nr = 0
-    for t in range(2 * k + 1):
-        if present[t]:
-            slot[t] = nr
-            nr += 1
-    shift = np.empty(nr, np.int64)
-    for t in range(2 * k + 1):
-        if slot[t] >= 0:
-            shift[slot[t]] = t - k
-    src_off = np.zeros((nr, k), np.int64)
-    dst_off = np.zeros((nr, k), np.int64)
-    length = np.zeros((nr, k), np.int64)
-    source = np.full((nr, k), -1, np.int64)
-    # pass 2: fill the pieces
-    for i in range(k):
-        if hi[i] <= lo[i]:
-            continue
-        for m in range(lo[i] // c, (hi[i] - 1) // c + 1):
-            r0 = max(lo[i], m * c)
-            r1 = min(hi[i], m * c + c)
-            src = holder[m]
-            if src == i:
-                own_src[i] = r0 - m * c
-                own_dst[i] = r0 - a[i]
-                own_len[i] = r1 - r0
-            else:
-                r = slot[m - i + k]
-                src_off[r, src] = r0 - m * c
-                dst_off[r, i] = r0 - a[i]
-                length[r, i] = r1 - r0
-                source[r, i] = src
-    return own_src, own_dst, own_len, shift, src_off, dst_off, length, source
-
-
-def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
+def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
     """The transfers that give device ``i`` the real rows ``[lo[i], hi[i])`` of a sharded dim.
 
     The dim is held in shards of ``c`` rows: shard ``m`` (rows ``[m*c, (m+1)*c)``) lives on
@@ -221,7 +114,7 @@ def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> Fet
     every ``d`` with ``source[r, d] >= 0``.
 
     >>> # 3x3 SAME conv, 16 rows over 4 shards (c = 4): device i needs rows [4i-1, 4i+5)
-    >>> r = fetch_rounds_nb([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
+    >>> r = fetch_rounds([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
     >>> r.shift.tolist(), r.source.tolist()
     ([-1, 1], [[-1, 0, 1, 2], [1, 2, 3, -1]])
     >>> r.length.tolist(), r.own_len.tolist()
@@ -229,17 +122,9 @@ def fetch_rounds_nb(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> Fet
     >>> r.src_off.tolist(), r.dst_off.tolist()        # left halo: a neighbour's last row
     ([[3, 3, 3, 0], [0, 0, 0, 0]], [[0, 0, 0, 0], [5, 5, 5, 0]])
     """
-    return FetchRounds(*run_kernel("fetch_rounds", *_fetch_args(lo, hi, a, c, holder)))
-
-
-def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
-    """NumPy twin of :func:`fetch_rounds_nb` (vectorised over pieces; no loop over shards).
-
-    >>> fetch_rounds_np([0, 3, 7, 11], [5, 9, 13, 16], a=[-1, 3, 7, 11], c=4).shift.tolist()
-    [-1, 1]
-    """
     lo, hi, a, c, holder = _fetch_args(lo, hi, a, c, holder)
     k = lo.size
+    # every piece (device, shard it overlaps), device-major: vectorised over pieces
     has = hi > lo
     m0 = np.where(has, lo // c, 0)
     cnt = np.where(has, (hi - 1) // c + 1 - m0, 0)
@@ -254,29 +139,16 @@ def fetch_rounds_np(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> Fet
     own_src, own_dst, own_len = (np.zeros(k, I64) for _ in range(3))
     own_src[dev[own]], own_dst[dev[own]], own_len[dev[own]] = so[own], do[own], ln[own]
     t = ~own
-    shift, r = np.unique(m[t] - dev[t], return_inverse=True)
-    r = r.reshape(-1)
+    # rounds: the shifts that occur (m - dev lies in [-(k-1), k-1]), in increasing order
+    sh = m[t] - dev[t] + (k - 1)
+    present = np.zeros(max(2 * k - 1, 0), dtype=bool)
+    present[sh] = True
+    shift = np.flatnonzero(present).astype(I64) - (k - 1)
+    r = (np.cumsum(present, dtype=I64) - 1)[sh]
     src_off, dst_off, length = (np.zeros((shift.size, k), I64) for _ in range(3))
     source = np.full((shift.size, k), -1, I64)
     src_off[r, src[t]] = so[t]
     dst_off[r, dev[t]] = do[t]
     length[r, dev[t]] = ln[t]
     source[r, dev[t]] = src[t]
-    return FetchRounds(own_src, own_dst, own_len, shift.astype(I64), src_off, dst_off, length, source)
-
-
-def fetch_rounds(lo: Any, hi: Any, a: Any, c: int, holder: Any = None) -> FetchRounds:
-    """:func:`fetch_rounds_np` or :func:`fetch_rounds_nb`, whichever pays (work: pieces).
-
-    >>> fetch_rounds([0, 3], [5, 8], a=[-1, 3], c=4).source.tolist()
-    [[-1, 0], [1, -1]]
-    """
-    lo_, hi_ = np.asarray(lo, dtype=I64).reshape(-1), np.asarray(hi, dtype=I64).reshape(-1)
-    span = int(np.max(hi_ - lo_)) if lo_.size else 0
-    work = lo_.size * (max(span, 0) // max(as_int(c, "c", 1), 1) + 2)
-    if use_numba("fetch_rounds", work):
-        return fetch_rounds_nb(lo, hi, a, c, holder)
-    return fetch_rounds_np(lo, hi, a, c, holder)
-
-
-kernels(_device_groups_kernel, _fetch_rounds_kernel)
+    return FetchRounds(own_src, own_dst, own_len, shift, src_off, dst_off, length, source)
