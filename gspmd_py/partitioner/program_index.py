@@ -19,8 +19,8 @@ program's equations in order (into loop, branch and call bodies) gives, per equa
 * ``eqn``: the equation itself, for the readers that price or re-emit it.
 
 Equations are addressed by their *path*: ``(i,)`` is equation ``i`` of the top-level jaxpr,
-``(i, k, j)`` equation ``j`` of the ``k``-th sub-jaxpr of equation ``i`` (as ``sub_jaxprs``
-lists them), so a jaxpr shared by two calls is two entries. Each jaxpr is a ``Body`` (its
+``(i, k, j)`` equation ``j`` of the ``k``-th sub-jaxpr of equation ``i`` (in parameter
+order), so a jaxpr shared by two calls is two entries. Each jaxpr is a ``Body`` (its
 path, its entries in order, the loop trips it adds, the parameter it came from); readers
 walk bodies (``root``, ``subs(entry)``), never the jaxpr's equations themselves.
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import attrs
 import numpy as np
@@ -196,11 +196,6 @@ def _subs(eqn) -> list[_Sub]:
             elif hasattr(j, "eqns"):
                 out.append(_Sub(j, name, pos if many else None, None))
     return out
-
-
-def sub_jaxprs(eqn) -> Iterator:
-    """The sub-jaxprs (Jaxpr) of an equation, in parameter order."""
-    return iter([s.jaxpr for s in _subs(eqn)])
 
 
 def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tuple, fine: FineMesh, label,
