@@ -193,6 +193,8 @@ def test_the_combiner_reads_the_index_it_is_given():
     (e,) = [e for e in idx.entries if e.collectives]
     assert e.key == "combined:4,9" and e.op_ids == (4, 9) and e.collectives[0].bytes_per_device == 48
     assert compiler.combine(raw, 8, fine) is program  # over the threshold: nothing merges
+    looped = small_program()  # loop bodies, one collective in each: nothing merges, nothing is retraced
+    assert compiler.combine(ProgramIndex.build(looped, FINE, label), compiler.DEFAULT_THRESHOLD_BYTES, FINE) is looped
 
 
 def test_only_the_index_walks_the_equations_of_a_program():

@@ -25,7 +25,8 @@ out, and the program indexed again (``compiler.plan_jaxpr``) rather than an inde
 here: the rewrite retraces every body it touches (new variables, new concatenations and
 slices around each merged collective), so a patched index would have to mirror JAX's
 retrace equation by equation, a second reader of the program in disguise; indexing the
-result is the one reader run once more, and only when something merged (``changes``).
+result is the one reader run once more, and only when something merged (where nothing
+merges, the program and its index are kept as they are: no retrace).
 """
 from __future__ import annotations
 
@@ -191,22 +192,22 @@ def _scope(body: Body, g: _Group) -> str:
     return "combined" + ",".join(map(str, ids)) if ids else "boundary"
 
 
-def _sub_params(index: ProgramIndex, entry: EqnIndex, threshold: int, axis_env) -> dict:
+def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) -> dict:
     """``entry``'s parameters, each ClosedJaxpr body (alone or in a tuple of them) combined."""
     params = dict(entry.eqn.params)
     for b in index.subs(entry):
         v = entry.eqn.params[b.param]
         if isinstance(v, ClosedJaxpr):
-            params[b.param] = _combine_body(index, b, threshold, axis_env)
+            params[b.param] = _combine_body(index, b, groups, axis_env)
         elif isinstance(v, (tuple, list)) and v and all(isinstance(c, ClosedJaxpr) for c in v):
             got = params[b.param]
             got = list(got) if isinstance(got, (tuple, list)) else got
-            got[b.position] = _combine_body(index, b, threshold, axis_env)
+            got[b.position] = _combine_body(index, b, groups, axis_env)
             params[b.param] = type(v)(got)
     return params
 
 
-def _evaluate(index: ProgramIndex, body: Body, consts, args, order, threshold: int, axis_env):
+def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict, axis_env):
     from jax._src import source_info_util
 
     jaxpr = body.jaxpr
@@ -228,7 +229,7 @@ def _evaluate(index: ProgramIndex, body: Body, consts, args, order, threshold: i
             continue
         entry = body.entries[n]
         eqn = entry.eqn
-        params = _sub_params(index, entry, threshold, axis_env)
+        params = _sub_params(index, entry, groups, axis_env)
         bind_params = eqn.primitive.get_bind_params(params)
         stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         with source_info_util.user_context(eqn.source_info.traceback, name_stack=stack), eqn.ctx.manager:
@@ -239,18 +240,18 @@ def _evaluate(index: ProgramIndex, body: Body, consts, args, order, threshold: i
     return [read(v) for v in jaxpr.outvars]
 
 
-def _combine_body(index: ProgramIndex, body: Body, threshold: int, axis_env) -> ClosedJaxpr:
-    """``body.closed`` with independent collectives merged, its own bodies combined."""
+def _combine_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> ClosedJaxpr:
+    """``body.closed`` with its ``groups[body.path]`` merged, its own bodies combined."""
     closed = body.closed
-    groups = _groups(body, threshold) if threshold > 0 else []
+    mine = groups.get(body.path, [])
     has_sub = any(b.closed is not None for e in body.entries for b in index.subs(e))
-    if not groups and not has_sub:
+    if not mine and not has_sub:
         return closed
-    order = _schedule(body, groups)
+    order = _schedule(body, mine)
     avals = [v.aval for v in body.jaxpr.invars]
 
     def fn(*args):
-        return _evaluate(index, body, closed.consts, args, order, threshold, axis_env)
+        return _evaluate(index, body, closed.consts, args, order, groups, axis_env)
 
     return jax.make_jaxpr(fn, axis_env=axis_env)(*avals)
 
@@ -258,5 +259,8 @@ def _combine_body(index: ProgramIndex, body: Body, threshold: int, axis_env) -> 
 def combine(index: ProgramIndex, threshold: int = DEFAULT_THRESHOLD_BYTES,
             axis_env: Optional[list] = None) -> ClosedJaxpr:
     """The program ``index`` indexes with independent collectives merged (see the module
-    docstring); ``index.program`` itself where nothing changes."""
-    return _combine_body(index, index.root, threshold, axis_env)
+    docstring); ``index.program`` itself when nothing merges (threshold 0: never)."""
+    groups = {p: g for p, b in index.bodies.items() if threshold > 0 and (g := _groups(b, threshold))}
+    if not groups:
+        return index.program
+    return _combine_body(index, index.root, groups, axis_env)
