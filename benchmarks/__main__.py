@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--only calls,cold,size,devices,profile,index,auto] [--out DIR]``
+"""``python -m benchmarks [--quick] [--only calls,cold,size,devices,profile,index,auto,...] [--out DIR]``
 
 Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 ``benchmarks/results/*.md`` (+ PNG plots when matplotlib is installed: ``.[bench]``):
@@ -15,6 +15,12 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``auto``: gp.auto_shard's plan against hand-written ones (predicted, measured), DenseLm on TPU v3
 * ``hw``: collectives shaped for the hardware: predicted gains on GPU/TPU presets, the
   DenseLm layer, mesh placements ranked, measured on 8 CPU devices (``hw.md``)
+* ``cost``: the cost model's predicted vs measured step times of 15 shardings, Spearman and
+  median error (``cost_validation.md``; also ``python benchmarks/cost_validation.py``)
+* ``denselm``: the GSPMD paper's DenseLm128B costed on 128-2,048 TPU v3 cores
+  (``cost_denselm.md``; also ``python benchmarks/cost_denselm.py``)
+
+Every section writes its own file in ``benchmarks/results/``; the README quotes them.
 
 ``--quick`` uses smaller inputs, fewer repeats and stops the size sweep at 32 blocks.
 Targets (issue 9) are printed next to the numbers; nothing here asserts them.
@@ -23,23 +29,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops", "hw")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops", "hw", "cost", "denselm")
 
 
 def _machine() -> str:
-    import jax
-
     import gspmd_py  # noqa: F401
 
-    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"jax {jax.__version__}, 8 CPU devices (--xla_force_host_platform_device_count=8)")
+    from .machine import describe
+
+    return describe()
 
 
 def main(argv=None) -> int:
@@ -132,6 +136,16 @@ def main(argv=None) -> int:
         from . import hardware
 
         files["hw.md"] = header + hardware.run(q)
+
+    if "cost" in only:
+        from . import cost_validation
+
+        files["cost_validation.md"] = header + cost_validation.run(q)
+
+    if "denselm" in only:
+        from . import cost_denselm
+
+        files["cost_denselm.md"] = header + cost_denselm.run(q)
 
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w") as fh:

@@ -1,6 +1,7 @@
 """The GSPMD paper's dense decoder LMs, costed on paper: DenseLm128B on 128 / 512 / 2048 TPU v3 cores.
 
-    python benchmarks/cost_denselm.py [--layers 64] [--table]
+    python benchmarks/cost_denselm.py [--layers 64] [--table] [--extra] [--out benchmarks/results]
+    python -m benchmarks --only denselm
 
 Lingvo's ``lm.synthetic_packed_input.DenseLm128B8x8`` / ``16x16`` / ``32x32`` (the GSPMD
 paper's Table "dense Transformer", Xu et al. 2021, section 5): 64 decoder layers of
@@ -19,17 +20,20 @@ layers, as Lingvo recomputes each layer in the backward pass, softmax cross-entr
 Adafactor update) is planned on ``gp.Mesh.abstract`` meshes (no devices) and costed on
 the "tpu-v3" preset. The script prints per configuration the predicted memory per core,
 the collective bytes per layer by kind, the step time and tokens/s beside Lingvo's stated
-throughput ("Expect ~ 3.7k / 18k / 62k tokens/sec" in the config file).
+throughput ("Expect ~ 3.7k / 18k / 62k tokens/sec" in the config file), and writes them to
+``benchmarks/results/cost_denselm.md``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 import warnings
 from typing import NamedTuple
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,6 +41,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import gspmd_py as gp  # noqa: E402
+from machine import RESULTS, describe, write  # noqa: E402
 
 P = gp.P
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -256,43 +261,68 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--table", action="store_true", help="print the layer backward program's per-op cost table")
     ap.add_argument("--extra", action="store_true", help="also cost the model on 8,192 cores (mesh [64,128])")
+    ap.add_argument("--out", default=RESULTS, help="folder of cost_denselm.md")
     args = ap.parse_args(argv)
+    rows, text = measure(args.layers, args.extra, args.table)
+    extra = " (--extra)" if args.extra else ""
+    title = f"# The GSPMD paper's dense LMs, costed on paper{extra}\n\n{describe()}\n\n"
+    print(f"wrote {write('cost_denselm.md', title + section(text, args.layers), args.out)}")
+    return rows
+
+
+def run(quick: bool) -> str:
+    """The ``denselm`` section of ``python -m benchmarks`` (markdown; planning needs no devices,
+    so --quick changes nothing)."""
+    return section(measure(64, False, False)[1], 64)
+
+
+def section(text: str, layers: int) -> str:
+    return ("## DenseLm128B on 128 / 512 / 2,048 TPU v3 cores, planned on abstract meshes (issue 11)\n\n"
+            f"`python benchmarks/cost_denselm.py`: {layers} layers, the \"tpu-v3\" preset, per core; "
+            "Lingvo's stated tokens/s beside the prediction.\n\n```\n" + text + "\n```\n")
+
+
+def measure(layers: int, extra: bool = False, table: bool = False) -> tuple[list, str]:
+    """Plan and cost every configuration; returns the rows and the printed text."""
     warnings.simplefilter("ignore", gp.PartitionWarning)
     hw = gp.Hardware.preset("tpu-v3")
     gib, mib = 2 ** 30, 2 ** 20
     rows = []
-    for name, mesh_shape, batch, stated in CONFIGS + (EXTRA if args.extra else []):
+    for name, mesh_shape, batch, stated in CONFIGS + (EXTRA if extra else []):
         t0 = time.perf_counter()
-        r = step(mesh_shape, batch, args.layers, hw)
+        r = step(mesh_shape, batch, layers, hw)
         r["seconds"] = time.perf_counter() - t0
         rows.append((name, mesh_shape, batch, stated, r))
-        if args.table:
+        if table:
             print(f"== {name}, layer backward\n{r['programs']['layer backward'][0].table(15)}\n")
-    print(f"DenseLm128B ({args.layers} layers) planned on abstract meshes, costed on the tpu-v3 preset; "
-          f"per core; collectives in MiB per layer (forward + backward):")
-    table = [("config", "cores", "mesh", "batch", "memory", "AG", "RS", "AR", "A2A", "step", "overlapped",
+    lines = [f"DenseLm128B ({layers} layers) planned on abstract meshes, costed on the tpu-v3 preset; "
+             f"per core; collectives in MiB per layer (forward + backward):"]
+    cells = [("config", "cores", "mesh", "batch", "memory", "AG", "RS", "AR", "A2A", "step", "overlapped",
               "tokens/s", "Lingvo", "ratio")]
     for name, ms, batch, stated, r in rows:
         pl = r["per_layer_bytes"]
-        f = lambda k: f"{pl.get(k, 0) / mib:.0f}"
+        f = lambda k: f"{pl.get(k, 0) / mib:.0f}"  # noqa: E731
         tps = batch * L / r["step_s"]
-        table.append((name, str(ms[0] * ms[1]), "x".join(map(str, ms)), str(batch), f"{r['memory'] / gib:.2f} GiB",
+        cells.append((name, str(ms[0] * ms[1]), "x".join(map(str, ms)), str(batch), f"{r['memory'] / gib:.2f} GiB",
                       f("all-gather"), f("reduce-scatter"), f("all-reduce"), f("all-to-all"),
                       f"{r['step_s']:.2f} s", f"{r['step_overlap_s']:.2f} s", f"{tps / 1e3:.1f}k",
                       f"{stated / 1e3:.1f}k" if stated else "-", f"{tps / stated:.2f}" if stated else "-"))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    print()
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    for row in cells:
+        lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                      for i, (c, w) in enumerate(zip(row, widths))))
+    lines.append("")
     for name, ms, batch, stated, r in rows:
         res, sav, ext = r["memory_parts"]
         util = r["flops"] / r["step_s"] / hw.peak("bfloat16")
-        print(f"{name}: {r['flops'] / 1e12:.1f} TFLOP per core per step, compute {r['compute_s']:.2f} s + "
-              f"communication {r['comm_s']:.2f} s ({100 * util:.0f}% of peak); memory = weights + Adafactor "
-              f"{res / gib:.2f} GiB + saved layer inputs {sav / gib:.2f} GiB + largest program's own buffers "
-              f"{ext / gib:.2f} GiB{'' if r['memory'] <= hw.mem_capacity else ' (DOES NOT FIT in 16 GiB)'}; "
-              f"planned and costed in {r['seconds']:.0f} s without devices")
-    return rows
+        lines.append(f"{name}: {r['flops'] / 1e12:.1f} TFLOP per core per step, compute {r['compute_s']:.2f} s + "
+                     f"communication {r['comm_s']:.2f} s ({100 * util:.0f}% of peak); memory = weights + Adafactor "
+                     f"{res / gib:.2f} GiB + saved layer inputs {sav / gib:.2f} GiB + largest program's own buffers "
+                     f"{ext / gib:.2f} GiB{'' if r['memory'] <= hw.mem_capacity else ' (DOES NOT FIT in 16 GiB)'}; "
+                     f"planned and costed in {r['seconds']:.0f} s without devices")
+    text = "\n".join(lines)
+    print(text)
+    return rows, text
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Predicted vs measured step time of 15 shardings of the reference programs on 8 CPU devices.
 
-    python benchmarks/cost_validation.py [--rounds 11] [--png cost_validation.png]
+    python benchmarks/cost_validation.py [--rounds 11] [--quick] [--out benchmarks/results] [--png FILE]
+    python -m benchmarks --only cost
 
 Every config (benchmarks/cost_programs.py) is planned, compiled and given its inputs once.
 Then ``--rounds`` rounds each run every calibration probe of ``gp.Hardware.calibrate``
@@ -12,7 +13,8 @@ compute and communication columns use the hardware fitted from the probes' media
 script prints measured and predicted times, Spearman's rank correlation, the median relative error and
 the machine's load average, and plots predicted vs measured (needs matplotlib). The last
 column compares the model's FLOPs with XLA's own cost analysis of the compiled program.
-Targets (issue 11): Spearman >= 0.8, median relative error <= 30%.
+Targets (issue 11): Spearman >= 0.8, median relative error <= 30%. The table is written to
+``benchmarks/results/cost_validation.md`` (``--quick``: 3 rounds, said in its header).
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ import numpy as np  # noqa: E402
 import gspmd_py as gp  # noqa: E402
 from gspmd_py.cost.calibrate import Calibrator  # noqa: E402
 from cost_programs import CONFIGS, build  # noqa: E402
+from machine import RESULTS, describe, write  # noqa: E402
+
+QUICK_ROUNDS = 3
 
 
 def spearman(a, b) -> float:
@@ -49,9 +54,36 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=11)
-    ap.add_argument("--png", default="cost_validation.png")
+    ap.add_argument("--rounds", type=int, default=None, help=f"default 11 ({QUICK_ROUNDS} with --quick)")
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds")
+    ap.add_argument("--out", default=RESULTS, help="folder of cost_validation.md")
+    ap.add_argument("--png", default=None, help="plot predicted vs measured here (needs matplotlib)")
     args = ap.parse_args(argv)
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else 11)
+    res = measure(rounds, args.png)
+    title = f"# gspmd_py cost model vs this machine{' (--quick)' if args.quick else ''}\n\n{describe()}\n\n"
+    path = write("cost_validation.md", title + section(res), args.out)
+    print(f"wrote {path}")
+    return res
+
+
+def run(quick: bool) -> str:
+    """The ``cost`` section of ``python -m benchmarks`` (markdown)."""
+    return section(measure(QUICK_ROUNDS if quick else 11))
+
+
+def section(res: dict) -> str:
+    """The results file's body: how it was measured, the table, the verdict."""
+    return ("## Predicted vs measured step time: 15 shardings on 8 CPU devices (issue 11)\n\n"
+            f"`python benchmarks/cost_validation.py`: {res['rounds']} rounds, each running every calibration "
+            "probe and every config once; a config's measured time and prediction are medians over the rounds, "
+            "each round priced on the hardware fitted from that round's probes (\"compute\"/\"comm\": the "
+            "probes' medians). Targets: Spearman >= 0.8, median relative error <= 30%.\n\n"
+            "```\n" + res["text"] + "\n```\n")
+
+
+def measure(rounds: int, png=None) -> dict:
+    """Plan, run and price every config (see the module docstring); prints the table as it goes."""
     warnings.simplefilter("ignore", gp.PartitionWarning)
     load0 = os.getloadavg()
     t_start = time.time()
@@ -66,7 +98,7 @@ def main(argv=None) -> dict:
     cal.sample()
     for pr in cal.probes:
         pr.times.clear()
-    for r in range(args.rounds):
+    for r in range(rounds):
         cal.sample()
         for k in range(len(runs)):  # rotate the starting config from round to round
             cfg, plan, exe, placed, times = runs[(k + r) % len(runs)]
@@ -77,7 +109,7 @@ def main(argv=None) -> dict:
     load1 = os.getloadavg()
     # each round's step times are paired with the hardware fitted from that round's probes
     # (taken seconds apart, under the same load); a config's prediction is its median
-    hws = [gp.Hardware.from_measured(cal.fit("this host", round=r)) for r in range(args.rounds)]
+    hws = [gp.Hardware.from_measured(cal.fit("this host", round=r)) for r in range(rounds)]
     meas, pred, rows = [], [], []
     for cfg, plan, exe, placed, times in runs:
         c = plan.cost(hw)
@@ -91,18 +123,21 @@ def main(argv=None) -> dict:
     meas, pred = np.asarray(meas), np.asarray(pred)
     rel = np.abs(pred - meas) / meas
     rho = spearman(pred, meas)
-    print(f"hardware fitted from the probes: {_hw_line(hw)}")
-    print(f"{'config':40s} {'measured ms (IQR)':>22s} {'predicted':>10s} {'compute':>8s} {'comm':>7s} "
-          f"{'colls':>5s} {'pred/meas':>9s} {'FLOPs/XLA':>9s}")
+    lines = [f"hardware fitted from the probes: {_hw_line(hw)}",
+             f"{'config':40s} {'measured ms (IQR)':>22s} {'predicted':>10s} {'compute':>8s} {'comm':>7s} "
+             f"{'colls':>5s} {'pred/meas':>9s} {'FLOPs/XLA':>9s}"]
     for (name, m, p, cs, cm, nc, q1, q3, fx), e in zip(rows, pred / meas):
-        print(f"{name:40s} {m * 1e3:8.1f} ({q1 * 1e3:5.1f}-{q3 * 1e3:5.1f}) {p * 1e3:10.1f} {cs * 1e3:8.1f} "
-              f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f} {fx:9.3f}")
-    print(f"Spearman rank correlation {rho:.3f} (target >= 0.8); median relative error "
-          f"{100 * float(np.median(rel)):.1f}% (target <= 30%); {len(rows)} configs, {args.rounds} rounds, "
-          f"{time.time() - t_start:.0f} s; load average {load0[0]:.1f} before, {load1[0]:.1f} after "
-          f"({os.cpu_count()} cores)")
-    _plot(args.png, rows, rho, float(np.median(rel)))
-    return {"spearman": rho, "median_rel_err": float(np.median(rel)), "rows": rows}
+        lines.append(f"{name:40s} {m * 1e3:8.1f} ({q1 * 1e3:5.1f}-{q3 * 1e3:5.1f}) {p * 1e3:10.1f} {cs * 1e3:8.1f} "
+                     f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f} {fx:9.3f}")
+    lines.append(f"Spearman rank correlation {rho:.3f} (target >= 0.8); median relative error "
+                 f"{100 * float(np.median(rel)):.1f}% (target <= 30%); {len(rows)} configs, {rounds} rounds, "
+                 f"{time.time() - t_start:.0f} s; load average {load0[0]:.1f} before, {load1[0]:.1f} after "
+                 f"({os.cpu_count()} cores)")
+    text = "\n".join(lines)
+    print(text)
+    if png:
+        _plot(png, rows, rho, float(np.median(rel)))
+    return {"spearman": rho, "median_rel_err": float(np.median(rel)), "rows": rows, "rounds": rounds, "text": text}
 
 
 def _xla_flops(exe) -> float:

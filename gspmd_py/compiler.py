@@ -7,9 +7,12 @@
 * ``propagate``: graph + seeds -> ``Propagation`` (a sharding per value, a projection per op).
 * ``partition``: graph + propagation -> the per-device program and its diagnostics
   (``Partitioned``: notes, fallbacks, host calls, the collectives shaped for a hardware).
-* ``combine``: the per-device program with independent collectives merged.
-* ``index``: the program read once (``ProgramIndex``): per equation its op, its loops' trip
-  counts and its collectives (the ``Collective`` records), read by the cost model.
+* ``combine``: the per-device program with independent collectives merged; it reads the
+  program through its index (the ``index`` pass run on the partitioned program).
+* ``index``: the program read (``ProgramIndex``): per equation its op, its loops' trip
+  counts, its collectives (the ``Collective`` records) and its dependencies; the one reader
+  of the program: the combiner, the records, the cost model and the memory walk read it.
+  The combined program is indexed again only where the combiner changed it.
 
 Each pass is a function that can be run on its own (tests, the search); ``plan_jaxpr`` runs
 them in order and wraps the result in a ``Plan``::
@@ -18,8 +21,9 @@ them in order and wraps the result in a ``Plan``::
     s = seed(g, mesh, in_dims=[dims_x, None])
     prop = propagate(s.graph, mesh, s.seeds)
     part = partition(s.graph, mesh, prop)
-    program = combine(part.program, DEFAULT_THRESHOLD_BYTES, part.fine)
-    idx = index(program, part.fine, s.graph)       # idx.collectives: the Collective records
+    raw = index(part.program, part.fine, s.graph)
+    program = combine(raw, DEFAULT_THRESHOLD_BYTES, part.fine)
+    idx = reindex(raw, program, part.fine, s.graph)  # idx.collectives: the Collective records
 """
 from __future__ import annotations
 
@@ -179,9 +183,10 @@ def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Sh
     return Partitioned(fine, ctx, shardings, in_dims, out_dims, program)
 
 
-def combine(program: ClosedJaxpr, threshold_bytes: int, fine: FineMesh) -> ClosedJaxpr:
-    """Pass 5: ``program`` with independent collectives merged (partitioner/combine.py)."""
-    return combiner.combine(program, threshold_bytes, list(zip(fine.names, fine.sizes)))
+def combine(idx: ProgramIndex, threshold_bytes: int, fine: FineMesh) -> ClosedJaxpr:
+    """Pass 5: the program ``idx`` indexes with independent collectives merged
+    (partitioner/combine.py); it reads the program through ``idx`` only."""
+    return combiner.combine(idx, threshold_bytes, list(zip(fine.names, fine.sizes)))
 
 
 def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
@@ -190,6 +195,12 @@ def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
     counts and its collectives; ``.collectives``: every collective, in program order."""
     labels = {op.id: op_label(op) for op in graph.walk()}
     return ProgramIndex.build(program, fine, lambda i: labels.get(i, f"op {i}"))
+
+
+def reindex(idx: ProgramIndex, program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
+    """The index of ``program``, the combiner's result from ``idx``: ``idx`` itself when the
+    combiner left the program as it was, else the index pass over what it made."""
+    return idx if program is idx.program else index(program, fine, graph)
 
 
 # -- all of them --------------------------------------------------------------------------
@@ -215,8 +226,9 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
 
     def build(shaping: Shaping) -> Plan:
         part = partition(seeded.graph, mesh, prop, shaping, name=name)
-        program = combine(part.program, threshold, part.fine)
-        return Plan(name, mesh, seeded.graph, prop, part, program, index(program, part.fine, seeded.graph),
+        raw = index(part.program, part.fine, seeded.graph)
+        program = combine(raw, threshold, part.fine)
+        return Plan(name, mesh, seeded.graph, prop, part, program, reindex(raw, program, part.fine, seeded.graph),
                     in_tree=in_tree, out_tree=out_tree, in_names=in_names, donate_argnums=tuple(donate_argnums),
                     combine_threshold_bytes=threshold, tactics=seeded.tactics)
 

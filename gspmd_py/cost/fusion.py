@@ -8,10 +8,15 @@ is a jaxpr, so the cost model decides it the same way for every equation:
 * a buffer is *materialized* unless it is produced by a fusible op and every consumer (of
   it or of its aliases) is a fusible op or a reduction, and it is not an output.
 
+It reads one body of the program index (partitioner/program_index.py): its equations in
+order and its jaxpr's inputs and outputs.
+
     >>> import jax, jax.numpy as jnp
-    >>> j = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b).sum())(jnp.ones((8, 16)), jnp.ones((16, 4))).jaxpr
-    >>> f = Fusion(j)
-    >>> [f.materialized(e.outvars[0]) for e in j.eqns]     # dot, tanh (fused into the sum), sum
+    >>> from gspmd_py.partitioner.program_index import ProgramIndex
+    >>> closed = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b).sum())(jnp.ones((8, 16)), jnp.ones((16, 4)))
+    >>> body = ProgramIndex.build(closed, None, str).root
+    >>> f = Fusion(body)
+    >>> [f.materialized(e.eqn.outvars[0]) for e in body.entries]     # dot, tanh (fused into the sum), sum
     [True, False, True]
 """
 from __future__ import annotations
@@ -24,14 +29,15 @@ from .counting import fusible_consumer, fusible_producer, is_alias, nbytes
 
 
 class Fusion:
-    """Buffers of one jaxpr: ``root(v)`` (the buffer v lives in), ``materialized(v)``."""
+    """Buffers of one body of the program index: ``root(v)`` (the buffer v lives in),
+    ``materialized(v)``."""
 
-    def __init__(self, jaxpr):
-        self.jaxpr = jaxpr
+    def __init__(self, body):
+        jaxpr, eqns = body.jaxpr, body.equations
         self._root: dict = {}
         self._producer: dict = {}
         consumers: dict = {}
-        for eqn in jaxpr.eqns:
+        for eqn in eqns:
             alias = is_alias(eqn) and len(eqn.invars) >= 1 and not isinstance(eqn.invars[0], Literal)
             for k, v in enumerate(eqn.outvars):
                 self._producer[v] = eqn
@@ -44,7 +50,7 @@ class Fusion:
         self._mat: dict = {}
         boundary = {self.root(v) for v in jaxpr.outvars if not isinstance(v, Literal)}
         boundary |= set(jaxpr.invars) | set(jaxpr.constvars)
-        for eqn in jaxpr.eqns:
+        for eqn in eqns:
             for v in eqn.outvars:
                 r = self.root(v)
                 if r is not v:

@@ -1,7 +1,9 @@
 """Peak live memory of the per-device program: a liveness walk over its buffers.
 
 Buffers are the materialized values of fusion.py (a fused intermediate never takes memory;
-a reshape shares its operand's buffer). Walking the equations in program order:
+a reshape shares its operand's buffer). The walk reads the program index's bodies
+(partitioner/program_index.py), never the program itself. Walking the equations in
+program order:
 
 * arguments are live from the start; a non-donated argument stays live to the end (the
   caller holds it), a donated one is freed after its last use; constants stay live;
@@ -26,7 +28,7 @@ from typing import Sequence
 import attrs
 from jax.extend.core import Literal
 
-from ..partitioner.program_index import sub_jaxprs
+from ..partitioner.program_index import Body, ProgramIndex
 from ..ops import facts_of
 from .counting import fusible_producer, nbytes
 from .fusion import Fusion
@@ -39,22 +41,25 @@ class Memory:
     outputs: int
 
 
-def peak_memory(closed, donated: Sequence[bool]) -> Memory:
-    jaxpr = closed.jaxpr
+def peak_memory(index: ProgramIndex, donated: Sequence[bool]) -> Memory:
+    """The peak of the program ``index`` indexes (its flat inputs ``donated`` or not)."""
+    body = index.root
+    jaxpr = body.jaxpr
     args = sum(nbytes(v.aval) for v in jaxpr.invars)
     outs = {}
-    fusion = Fusion(jaxpr)
+    fusion = Fusion(body)
     for v in jaxpr.outvars:
         if not isinstance(v, Literal):
             outs[fusion.root(v)] = nbytes(v.aval)
-    peak = _peak(jaxpr, fusion, top=True, donated=donated)
+    peak = _peak(index, body, fusion, top=True, donated=donated)
     return Memory(peak, args, sum(outs.values()))
 
 
-def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int:
-    """Peak bytes of one execution of ``jaxpr``; for a body (top=False) its parameters are
+def _peak(index: ProgramIndex, body: Body, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int:
+    """Peak bytes of one execution of ``body``; for a body (top=False) its parameters are
     counted as 0 (they are the enclosing loop's operands)."""
-    n = len(jaxpr.eqns)
+    jaxpr, eqns = body.jaxpr, body.equations
+    n = len(eqns)
     last: dict = {}
     size: dict = {}
     held = set()  # buffers that are never freed
@@ -70,15 +75,15 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
         held.add(v)
     # a fused equation runs inside the kernel of the materialized result it feeds: its operands
     # stay live until that kernel (the last consumer of its fused results) has run
-    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+    position = {id(e): i for i, e in enumerate(eqns)}
     end = list(range(n))
     for i in range(n - 1, -1, -1):
-        eqn = jaxpr.eqns[i]
+        eqn = eqns[i]
         fused = [v for v in eqn.outvars if fusion.root(v) is v and not fusion.materialized(v)]
         for v in fused:
             for c in fusion.consumers.get(v, ()):
-                end[i] = max(end[i], end[index[id(c)]])
-    for i, eqn in enumerate(jaxpr.eqns):
+                end[i] = max(end[i], end[position[id(c)]])
+    for i, eqn in enumerate(eqns):
         for v in eqn.invars:
             if not isinstance(v, Literal):
                 r = fusion.root(v)
@@ -90,7 +95,7 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
     for r, i in last.items():
         free_at.setdefault(i, []).append(r)
     peak = live
-    for i, eqn in enumerate(jaxpr.eqns):
+    for i, eqn in enumerate(eqns):
         new = []
         for v in eqn.outvars:
             r = fusion.root(v)
@@ -106,7 +111,7 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
                     free_sizes.remove(size[v])
                     alloc -= size[v]
                     dying.remove(next(r for r in dying if size[r] == size[v]))  # its buffer is v's now
-        extra = max((_body_peak(j) for j in sub_jaxprs(eqn)), default=0)
+        extra = max((_body_peak(index, b) for b in index.subs(body.entries[i])), default=0)
         peak = max(peak, live + alloc + extra)
         live += alloc
         for r in dying:
@@ -117,5 +122,5 @@ def _peak(jaxpr, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int
     return peak
 
 
-def _body_peak(jaxpr) -> int:
-    return _peak(jaxpr, Fusion(jaxpr), top=False)
+def _body_peak(index: ProgramIndex, body: Body) -> int:
+    return _peak(index, body, Fusion(body), top=False)

@@ -2,9 +2,10 @@
 
 Everything is read from the plan's own records, never from JAX's execution:
 
-* ``plan.program``: the per-device program (local shapes). Each equation's FLOPs and bytes
-  (counting.py, fusion.py); its op, its collectives and its loops' trip counts are read
-  from ``plan.index`` (partitioner/program_index.py: ``scan``: ``length``; ``while``:
+* ``plan.index``: the per-device program (local shapes) as the program index read it
+  (partitioner/program_index.py); the walk goes over its bodies, never over the program
+  itself. Each equation's FLOPs and bytes (counting.py, fusion.py); its op, its
+  collectives and its loops' trip counts are the index's (``scan``: ``length``; ``while``:
   derived when the loop counts a constant range — ``i = c0; while i < c1: i += s`` — else
   ``while_trips``, said in ``notes``); loop bodies count times their trip count, ``cond``:
   its costliest branch.
@@ -19,7 +20,7 @@ kernel, ``step_overhead`` per step); ``step_serial_s`` = compute + communication
 the program on two streams (compute, collectives) in program order, each equation starting
 when its operands are ready. ``step_s`` is the serial time unless ``overlap=True``.
 
-Memory: a liveness walk over the buffers of the program (memory.py).
+Memory: a liveness walk over the buffers of the program index's bodies (memory.py).
 
     >>> import jax, jax.numpy as jnp, gspmd_py as gp
     >>> mesh = gp.Mesh.abstract((4,), ("m",))
@@ -41,9 +42,9 @@ from jax.extend.core import Literal
 from ..ops import facts as F
 from ..ops import facts_of
 from ..partitioner.context import Collective
-from ..partitioner.program_index import Path, ProgramIndex, sub_jaxprs
+from ..partitioner.program_index import Body, EqnIndex, ProgramIndex
 from .collectives import sent_bytes
-from .counting import eqn_flops, is_collective, is_free
+from .counting import eqn_flops, is_free
 from .fusion import Fusion
 from .hardware import Hardware
 from .memory import Memory, peak_memory
@@ -225,19 +226,19 @@ class _Walker:
         t = max(ct, nb / hw.mem_bandwidth) + hw.op_overhead * fusion.launches(eqn)
         return t, flops, trans, nb
 
-    def walk(self, jaxpr, trips: int, acc: _Acc, path: Path) -> tuple[float, float]:
-        """Adds one execution of ``jaxpr`` (at ``path`` in the program) x ``trips`` to ``acc``;
+    def walk(self, body: Body, trips: int, acc: _Acc) -> tuple[float, float]:
+        """Adds one execution of ``body`` (a body of the program index) x ``trips`` to ``acc``;
         returns (serial, overlapped) seconds of one execution."""
-        fusion = Fusion(jaxpr)
+        fusion = Fusion(body)
         ready: dict = {}
         tc = tm = 0.0
         serial = 0.0
-        for i, eqn in enumerate(jaxpr.eqns):
-            entry = self.index.at(path + (i,))
+        for entry in body.entries:
+            eqn = entry.eqn
             key, label = entry.key, entry.label
             r = max((ready.get(v, 0.0) for v in eqn.invars if not isinstance(v, Literal)), default=0.0)
-            subs = list(sub_jaxprs(eqn))
-            if is_collective(eqn):
+            subs = self.index.subs(entry)
+            if entry.collectives:
                 (rec,) = entry.collectives
                 t = self.coll_time(rec)
                 acc.row(key, label).colls.append(CollectiveCost(rec, trips, t))
@@ -247,7 +248,7 @@ class _Walker:
             elif is_free(eqn):  # same buffer, nothing runs
                 end = r
             elif subs:
-                t_ser, t_ovl = self.region(eqn, subs, trips, acc, entry)
+                t_ser, t_ovl = self.region(entry, subs, trips, acc)
                 start = max(tc, tm, r)
                 tc = tm = end = start + t_ovl
                 serial += t_ser
@@ -263,35 +264,33 @@ class _Walker:
                 serial += t
             for v in eqn.outvars:
                 ready[v] = end
-        makespan = max([tc, tm] + [ready.get(v, 0.0) for v in jaxpr.outvars if not isinstance(v, Literal)])
+        makespan = max([tc, tm] + [ready.get(v, 0.0) for v in body.jaxpr.outvars if not isinstance(v, Literal)])
         return serial, makespan
 
-    def region(self, eqn, subs, trips: int, acc: _Acc, entry) -> tuple[float, float]:
-        name = eqn.primitive.name
-        p = eqn.params
+    def region(self, entry: EqnIndex, subs: tuple[Body, ...], trips: int, acc: _Acc) -> tuple[float, float]:
+        name = entry.prim
         label = entry.label
         if name == "scan":
             n = entry.trip_count
-            s, o = self.walk(subs[0], trips * n, acc, entry.path + (0,))
+            s, o = self.walk(subs[0], trips * n, acc)
             return s * n, o * n
         if name == "while":
-            cond = p["cond_jaxpr"].jaxpr
             n = entry.trip_count
             if n is None:
                 n = self.while_trips
                 self.notes.append(f"while loop in {label}: trip count not derivable, assumed {n} "
                                   f"(plan.cost(..., while_trips=N))")
             total_s = total_o = 0.0
-            for k_sub, j in enumerate(subs):
-                k = n + 1 if j is cond else n
-                s, o = self.walk(j, trips * k, acc, entry.path + (k_sub,))
+            for b in subs:
+                k = n + b.loop.extra  # the condition runs once more than the body
+                s, o = self.walk(b, trips * k, acc)
                 total_s, total_o = total_s + s * k, total_o + o * k
             return total_s, total_o
         if name == "cond":
             best = None
-            for k_sub, j in enumerate(subs):  # every branch is walked; the costliest counts
+            for b in subs:  # every branch is walked; the costliest counts
                 a = _Acc()
-                s, o = self.walk(j, trips, a, entry.path + (k_sub,))
+                s, o = self.walk(b, trips, a)
                 if best is None or a.seconds > best[0].seconds:
                     best = (a, s, o)
             acc.add(best[0])
@@ -301,10 +300,10 @@ class _Walker:
         # calls (jit, custom_jvp/vjp, remat, ...): inline, once
         call = facts_of(name).region == F.CALL
         s_tot = o_tot = 0.0
-        for k_sub, j in enumerate(subs):
-            if not call and j is not subs[0]:
+        for b in subs:
+            if not call and b is not subs[0]:
                 continue
-            s, o = self.walk(j, trips, acc, entry.path + (k_sub,))
+            s, o = self.walk(b, trips, acc)
             s_tot, o_tot = s_tot + s, o_tot + o
             if call and name.startswith("custom"):
                 break  # the primal body only (the jvp/fwd rules are not run)
@@ -327,10 +326,9 @@ def cost(plan, hw: Hardware, *, donate=None, overlap: bool = False, while_trips:
     donated = _donated_mask(plan, donate)
     w = _Walker(plan, hw, while_trips)
     acc = _Acc()
-    jaxpr = plan.program.jaxpr
-    serial, overlapped = w.walk(jaxpr, 1, acc, ())
+    serial, overlapped = w.walk(plan.index.root, 1, acc)
     serial, overlapped = serial + hw.step_overhead, overlapped + hw.step_overhead
-    mem: Memory = peak_memory(plan.program, donated)
+    mem: Memory = peak_memory(plan.index, donated)
     ops = []
     for key, r in acc.rows.items():
         ops.append(OpCost(key, r.label, r.flops, r.trans, r.bytes, r.compute_s, tuple(r.colls)))
@@ -359,7 +357,7 @@ def _op_order(o: OpCost):
 
 
 def _donated_mask(plan, donate) -> tuple[bool, ...]:
-    n = len(plan.program.jaxpr.invars)
+    n = len(plan.index.root.jaxpr.invars)
     if isinstance(donate, (int, np.integer)):
         donate = (donate,)
     mask = [False] * n

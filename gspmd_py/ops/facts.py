@@ -11,7 +11,7 @@ The passes read them: ``partitioner/partial.py`` (``linearity``: which partial v
 through the op unreduced), ``partitioner/generic.py`` (``localize``: how its shape parameters
 become local), ``cost/counting.py`` and ``cost/fusion.py`` (``flops``, ``transcendental``,
 ``fusion``, ``alias``, ``access``), ``cost/memory.py`` (``inplace``), the windowed handler (``init``: the
-reduce op whose identity is the op's init value), ``partitioner/records.py`` and
+reduce op whose identity is the op's init value), ``partitioner/program_index.py`` and
 ``partitioner/combine.py`` (``collective``, ``collective_reduce``, ``combinable``) and the cost
 model's walk (``region``).
 """

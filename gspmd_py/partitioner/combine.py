@@ -14,11 +14,23 @@ all-gather: each device sends its flat concatenation, receives [k, L] and every 
 slice is put back with its gather dim outermost-to-tiled; reduce-scatter: each tensor's
 scatter dim is split into its k blocks first, so one [k, L] psum_scatter serves all.
 Loop and branch bodies are combined recursively. The merged collective runs under the
-name scope ``combined<id>,<id>,...`` (records.py reads it).
+name scope ``combined<id>,<id>,...`` (the program index reads it).
+
+The combiner reads the program through its index (program_index.py), never by itself: per
+equation the index says whether it is a collective and how it is emitted (primitive, fine
+axes, dtype, bytes: ``EqnIndex.emitted``), which op caused it (``op_ids``: the merged
+scope's name) and which equations of its body it depends on (``deps``). It only re-emits
+equations (``EqnIndex.eqn``), in the order it schedules them. Why an index in and a program
+out, and the program indexed again (``compiler.plan_jaxpr``) rather than an index patched
+here: the rewrite retraces every body it touches (new variables, new concatenations and
+slices around each merged collective), so a patched index would have to mirror JAX's
+retrace equation by equation, a second reader of the program in disguise; indexing the
+result is the one reader run once more, and only when something merged (where nothing
+merges, the program and its index are kept as they are: no retrace).
 """
 from __future__ import annotations
 
-import re
+import heapq
 from typing import Any, Callable, Optional
 
 import attrs
@@ -29,54 +41,40 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
 from ..ops import facts_of
+from .program_index import Body, EqnIndex, ProgramIndex
 
 DEFAULT_THRESHOLD_BYTES = 30 * 2**20  # as XLA's GPU all-reduce combiner
-_OP = re.compile(r"(?:^|/)op(\d+)(?:/|$)")
 
 
 @attrs.define
 class _Group:
     key: tuple
-    members: list[int]  # eqn indices, program order
+    members: list[int]  # positions in the body, program order
     bits: int = 0
     nbytes: int = 0
 
 
-def _axes(eqn) -> tuple:
-    a = eqn.params.get("axes", eqn.params.get("axis_name"))
-    return tuple(a) if isinstance(a, (tuple, list)) else (a,)
-
-
-def _key(eqn) -> Optional[tuple]:
-    name = eqn.primitive.name
-    if not facts_of(name).combinable or eqn.params.get("axis_index_groups") is not None or len(eqn.invars) != 1:
+def _key(e: EqnIndex) -> Optional[tuple]:
+    """What collectives must share to merge (None: this one does not merge)."""
+    c = e.emitted
+    if c is None or not facts_of(e.prim).combinable or c.grouped or c.operands != 1:
         return None
-    if name in ("all_gather", "reduce_scatter") and not eqn.params.get("tiled"):
+    if e.prim in ("all_gather", "reduce_scatter") and not c.tiled:
         return None
-    return name, _axes(eqn), str(eqn.invars[0].aval.dtype)
+    return e.prim, c.axes, c.dtype
 
 
-def _nbytes(eqn) -> int:
-    a = eqn.invars[0].aval
-    return int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
-
-
-def _groups(jaxpr, threshold: int) -> list[_Group]:
-    producer: dict[Any, int] = {}
+def _groups(body: Body, threshold: int) -> list[_Group]:
     deps: list[int] = []  # per eqn: bitset of candidate eqns it depends on (transitively)
     cand: dict[int, tuple] = {}
-    for i, eqn in enumerate(jaxpr.eqns):
+    for i, e in enumerate(body.entries):
         d = 0
-        for v in eqn.invars:
-            j = producer.get(v) if not isinstance(v, Literal) else None
-            if j is not None:
-                d |= deps[j] | ((1 << j) if j in cand else 0)
+        for j in e.deps:
+            d |= deps[j] | ((1 << j) if j in cand else 0)
         deps.append(d)
-        k = _key(eqn)
+        k = _key(e)
         if k is not None:
             cand[i] = k
-        for v in eqn.outvars:
-            producer[v] = i
     groups: list[_Group] = []
     open_: dict[tuple, _Group] = {}
 
@@ -97,7 +95,7 @@ def _groups(jaxpr, threshold: int) -> list[_Group]:
 
     for i, k in cand.items():
         g = open_.get(k)
-        n = _nbytes(jaxpr.eqns[i])
+        n = body.entries[i].emitted.nbytes
         # c may join g if it depends on no member of g and merging makes no cycle between
         # merged collectives (g ->* h -> c, with c now part of g)
         if g is not None and not (deps[i] & g.bits) and g.nbytes + n <= threshold and not any(
@@ -113,57 +111,37 @@ def _groups(jaxpr, threshold: int) -> list[_Group]:
     return [g for g in done if len(g.members) > 1]
 
 
-def _schedule(jaxpr, groups: list[_Group]) -> list:
-    """Nodes (eqn index or _Group) in a stable topological order, each group at its last member."""
-    import heapq
-
-    node_of: dict[int, Any] = {}
-    for g in groups:
-        for m in g.members:
-            node_of[m] = g
-    producer: dict[Any, Any] = {}
-    nodes: list = []
-    prio: dict[int, int] = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        n = node_of.get(i, i)
-        if isinstance(n, _Group):
-            if i != n.members[-1]:
-                for v in eqn.outvars:
-                    producer[v] = n
-                continue
-            prio[id(n)] = i
-        else:
-            prio[id(n)] = i
-        nodes.append(n)
-        for v in eqn.outvars:
-            producer[v] = n
-    preds: dict[int, set] = {id(n): set() for n in nodes}
-    succs: dict[int, list] = {id(n): [] for n in nodes}
-    for n in nodes:
-        idxs = n.members if isinstance(n, _Group) else [n]
-        for i in idxs:
-            for v in jaxpr.eqns[i].invars:
-                p = None if isinstance(v, Literal) else producer.get(v)
-                if p is not None and p is not n and id(p) not in preds[id(n)]:
-                    preds[id(n)].add(id(p))
-                    succs[id(p)].append(n)
-    ready = [(prio[id(n)], k, n) for k, n in enumerate(nodes) if not preds[id(n)]]
+def _schedule(body: Body, groups: list[_Group]) -> list:
+    """Nodes (eqn position or _Group) in a stable topological order, each group at its last
+    member. A node is named by its position (a group's: its last member's)."""
+    at: dict[int, int] = {m: g.members[-1] for g in groups for m in g.members}
+    group_of = {g.members[-1]: g for g in groups}
+    keys = [i for i in range(len(body.entries)) if at.get(i, i) == i]
+    preds: dict[int, set] = {k: set() for k in keys}
+    succs: dict[int, list] = {k: [] for k in keys}
+    for k in keys:
+        for i in (group_of[k].members if k in group_of else (k,)):
+            for j in body.entries[i].deps:
+                p = at.get(j, j)
+                if p != k and p not in preds[k]:
+                    preds[k].add(p)
+                    succs[p].append(k)
+    ready = [k for k in keys if not preds[k]]
     heapq.heapify(ready)
-    order, seq = [], len(nodes)
+    order = []
     while ready:
-        _, _, n = heapq.heappop(ready)
-        order.append(n)
-        for s in succs[id(n)]:
-            preds[id(s)].discard(id(n))
-            if not preds[id(s)]:
-                seq += 1
-                heapq.heappush(ready, (prio[id(s)], seq, s))
-    assert len(order) == len(nodes), "combiner: dependence cycle"
+        k = heapq.heappop(ready)
+        order.append(group_of.get(k, k))
+        for s in succs[k]:
+            preds[s].discard(k)
+            if not preds[s]:
+                heapq.heappush(ready, s)
+    assert len(order) == len(keys), "combiner: dependence cycle"
     return order
 
 
-def _run_group(jaxpr, g: _Group, read: Callable):
-    eqns = [jaxpr.eqns[i] for i in g.members]
+def _run_group(body: Body, g: _Group, read: Callable):
+    eqns = [body.entries[i].eqn for i in g.members]
     xs = [read(e.invars[0]) for e in eqns]
     name, axes, _ = g.key
     if name in ("psum", "pmax", "pmin"):
@@ -204,28 +182,35 @@ def _split(flat, shapes):
     return outs
 
 
-def _scope(jaxpr, g: _Group) -> str:
-    ids = []
+def _scope(body: Body, g: _Group) -> str:
+    """The merged collective's name scope: the ops that caused its members, as the index says."""
+    ids: list[int] = []
     for i in g.members:
-        m = _OP.findall(str(jaxpr.eqns[i].source_info.name_stack))
-        if m and m[-1] not in ids:
-            ids.append(m[-1])
-    return "combined" + ",".join(ids) if ids else "boundary"
+        e = body.entries[i]
+        if e.key.startswith("op") and e.op_ids[0] not in ids:
+            ids.append(e.op_ids[0])
+    return "combined" + ",".join(map(str, ids)) if ids else "boundary"
 
 
-def _sub_params(params: dict, threshold: int, axis_env) -> dict:
-    out = dict(params)
-    for k, v in params.items():
+def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) -> dict:
+    """``entry``'s parameters, each ClosedJaxpr body (alone or in a tuple of them) combined."""
+    params = dict(entry.eqn.params)
+    for b in index.subs(entry):
+        v = entry.eqn.params[b.param]
         if isinstance(v, ClosedJaxpr):
-            out[k] = combine(v, threshold, axis_env)
-        elif isinstance(v, (tuple, list)) and v and all(isinstance(b, ClosedJaxpr) for b in v):
-            out[k] = type(v)(combine(b, threshold, axis_env) for b in v)
-    return out
+            params[b.param] = _combine_body(index, b, groups, axis_env)
+        elif isinstance(v, (tuple, list)) and v and all(isinstance(c, ClosedJaxpr) for c in v):
+            got = params[b.param]
+            got = list(got) if isinstance(got, (tuple, list)) else got
+            got[b.position] = _combine_body(index, b, groups, axis_env)
+            params[b.param] = type(v)(got)
+    return params
 
 
-def _evaluate(jaxpr, consts, args, order, threshold: int, axis_env):
+def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict, axis_env):
     from jax._src import source_info_util
 
+    jaxpr = body.jaxpr
     env: dict[Any, Any] = {}
 
     def read(v):
@@ -237,13 +222,14 @@ def _evaluate(jaxpr, consts, args, order, threshold: int, axis_env):
         env[v] = a
     for n in order:
         if isinstance(n, _Group):
-            with jax.named_scope(_scope(jaxpr, n)):
-                outs = _run_group(jaxpr, n, read)
+            with jax.named_scope(_scope(body, n)):
+                outs = _run_group(body, n, read)
             for i, o in zip(n.members, outs):
-                env[jaxpr.eqns[i].outvars[0]] = o
+                env[body.entries[i].eqn.outvars[0]] = o
             continue
-        eqn = jaxpr.eqns[n]
-        params = _sub_params(eqn.params, threshold, axis_env)
+        entry = body.entries[n]
+        eqn = entry.eqn
+        params = _sub_params(index, entry, groups, axis_env)
         bind_params = eqn.primitive.get_bind_params(params)
         stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         with source_info_util.user_context(eqn.source_info.traceback, name_stack=stack), eqn.ctx.manager:
@@ -254,20 +240,27 @@ def _evaluate(jaxpr, consts, args, order, threshold: int, axis_env):
     return [read(v) for v in jaxpr.outvars]
 
 
-def combine(closed: ClosedJaxpr, threshold: int = DEFAULT_THRESHOLD_BYTES,
-            axis_env: Optional[list] = None) -> ClosedJaxpr:
-    """``closed`` with independent collectives merged (see the module docstring)."""
-    jaxpr = closed.jaxpr
-    groups = _groups(jaxpr, threshold) if threshold > 0 else []
-    has_sub = any(isinstance(v, ClosedJaxpr) or (isinstance(v, (tuple, list)) and v and
-                                                 isinstance(v[0], ClosedJaxpr))
-                  for e in jaxpr.eqns for v in e.params.values())
-    if not groups and not has_sub:
+def _combine_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> ClosedJaxpr:
+    """``body.closed`` with its ``groups[body.path]`` merged, its own bodies combined."""
+    closed = body.closed
+    mine = groups.get(body.path, [])
+    has_sub = any(b.closed is not None for e in body.entries for b in index.subs(e))
+    if not mine and not has_sub:
         return closed
-    order = _schedule(jaxpr, groups)
-    avals = [v.aval for v in jaxpr.invars]
+    order = _schedule(body, mine)
+    avals = [v.aval for v in body.jaxpr.invars]
 
     def fn(*args):
-        return _evaluate(jaxpr, closed.consts, args, order, threshold, axis_env)
+        return _evaluate(index, body, closed.consts, args, order, groups, axis_env)
 
     return jax.make_jaxpr(fn, axis_env=axis_env)(*avals)
+
+
+def combine(index: ProgramIndex, threshold: int = DEFAULT_THRESHOLD_BYTES,
+            axis_env: Optional[list] = None) -> ClosedJaxpr:
+    """The program ``index`` indexes with independent collectives merged (see the module
+    docstring); ``index.program`` itself when nothing merges (threshold 0: never)."""
+    groups = {p: g for p, b in index.bodies.items() if threshold > 0 and (g := _groups(b, threshold))}
+    if not groups:
+        return index.program
+    return _combine_body(index, index.root, groups, axis_env)

@@ -3,7 +3,7 @@ padding, and the collectives.
 
 All device-dependent quantities come from ``lax.axis_index`` inside the one SPMD program,
 so the program is the same whatever the number of devices. Collectives are only emitted
-here; what the program communicates is read back from the program itself (records.py),
+here; what the program communicates is read back from the program itself (program_index.py),
 so re-tracing can never duplicate or lose a record.
 """
 from __future__ import annotations

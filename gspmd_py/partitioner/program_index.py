@@ -13,23 +13,37 @@ program's equations in order (into loop, branch and call bodies) gives, per equa
 * ``trip_count``: for a loop equation, its own count (as ``loops`` says it);
 * ``collectives``: the ``Collective`` it issues (records.py's fields), in program order.
 
+* ``deps``: the positions, in its own body, of the equations that produce its operands;
+* ``emitted``: for a collective, how the program emits it (``Emitted``: its primitive's
+  fine mesh axes, dtype, bytes, operand count, grouping): what the combiner merges on;
+* ``eqn``: the equation itself, for the readers that price or re-emit it.
+
 Equations are addressed by their *path*: ``(i,)`` is equation ``i`` of the top-level jaxpr,
-``(i, k, j)`` equation ``j`` of the ``k``-th sub-jaxpr of equation ``i`` (as ``sub_jaxprs``
-lists them), so a jaxpr shared by two calls is two entries. The collective records
-(``plan.collectives``), the cost model and its while trip counts read this index::
+``(i, k, j)`` equation ``j`` of the ``k``-th sub-jaxpr of equation ``i`` (in parameter
+order), so a jaxpr shared by two calls is two entries. Each jaxpr is a ``Body`` (its
+path, its entries in order, the loop trips it adds, the parameter it came from); readers
+walk bodies (``root``, ``subs(entry)``), never the jaxpr's equations themselves.
+
+This module is the one reader of the emitted program: the combiner (combine.py: which
+collectives, over which axes, how many bytes, caused by which op, depending on which), the
+collective records (``plan.collectives``), the cost model and the memory walk (cost/) read
+an index, and nothing else parses equation names, scopes or collectives::
 
     psum[axes=('y',)] f32[8,16] in scope op12 inside scan(length=4)
         -> EqnIndex(key="op12", op_ids=(12,), loops=(Trips(4),), collectives=(Collective("all-reduce", ...),))
+
+The compiler indexes the partitioned program, the combiner rewrites it from that index, and
+the combined program is indexed again only if the combiner changed it (combine.py).
 """
 from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import attrs
 import numpy as np
-from jax.extend.core import Literal
+from jax.extend.core import ClosedJaxpr, Literal
 
 from ..ops import facts as F
 from ..ops import facts_of
@@ -53,6 +67,18 @@ class Trips:
 
 
 @attrs.frozen
+class Emitted:
+    """A collective equation as the program emits it: what the combiner merges on."""
+
+    axes: tuple[str, ...]  # fine mesh axes, as the equation names them
+    dtype: str  # of its first operand
+    nbytes: int  # all its operands
+    operands: int
+    grouped: bool  # axis_index_groups given
+    tiled: bool
+
+
+@attrs.frozen
 class EqnIndex:
     """One equation of the program, as the index read it (see the module docstring)."""
 
@@ -64,6 +90,14 @@ class EqnIndex:
     loops: tuple[Trips, ...] = ()
     trip_count: Optional[int] = None  # a loop equation's own count (None: not derivable, or no loop)
     collectives: tuple[Collective, ...] = ()
+    deps: tuple[int, ...] = ()  # positions in its body of the equations producing its operands
+    emitted: Optional[Emitted] = None  # a collective's primitive, as emitted
+    eqn: object = attrs.field(default=None, eq=False, repr=False)  # the equation itself
+
+    @property
+    def position(self) -> int:
+        """Its position in its body."""
+        return self.path[-1]
 
     @property
     def in_loop(self) -> bool:
@@ -76,11 +110,36 @@ class EqnIndex:
 
 
 @attrs.frozen(eq=False)
+class Body:
+    """One jaxpr of the program: the top-level one (path ``()``) or sub-jaxpr ``k`` of the
+    equation at ``p`` (path ``p + (k,)``), with its equations' entries in order.
+
+    ``loop``: the trips this body adds per execution of its equation (a scan's length; a
+    while body's count, its condition's once more), None for branches and calls.
+    ``param`` / ``position``: where the equation holds it (its parameter, the place in a
+    tuple parameter or None); ``closed``: the ClosedJaxpr held there, if one is."""
+
+    path: Path
+    jaxpr: object
+    entries: tuple[EqnIndex, ...]
+    loop: Optional[Trips] = None
+    param: str = ""
+    position: Optional[int] = None
+    closed: object = None
+
+    @property
+    def equations(self) -> tuple:
+        return tuple(e.eqn for e in self.entries)
+
+
+@attrs.frozen(eq=False)
 class ProgramIndex:
-    """Every equation of one per-device program (``program``, a ClosedJaxpr) by path, in program order."""
+    """Every equation of one per-device program (``program``, a ClosedJaxpr) by path, in
+    program order, and every body (jaxpr) of it by path."""
 
     program: object
     entries: tuple[EqnIndex, ...]
+    bodies: dict = attrs.field(factory=dict, repr=False)  # Path -> Body
     by_path: dict = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -90,41 +149,91 @@ class ProgramIndex:
     def collectives(self) -> tuple[Collective, ...]:
         return tuple(c for e in self.entries for c in e.collectives)
 
+    @property
+    def root(self) -> Body:
+        """The program's own jaxpr."""
+        return self.bodies[()]
+
     def at(self, path: Path) -> EqnIndex:
         return self.by_path[path]
+
+    def subs(self, entry: EqnIndex) -> tuple[Body, ...]:
+        """The bodies of ``entry`` (loop, branch and call bodies), in parameter order."""
+        out, k = [], 0
+        while entry.path + (k,) in self.bodies:
+            out.append(self.bodies[entry.path + (k,)])
+            k += 1
+        return tuple(out)
 
     @classmethod
     def build(cls, program, fine: FineMesh, label: Callable[[int], str]) -> "ProgramIndex":
         """Index ``program`` (a ClosedJaxpr); ``label(i)``: how op ``i`` is named in records."""
         entries: list[EqnIndex] = []
-        _walk(program.jaxpr, (), (), ((), "boundary", "boundary"), fine, label, entries)
-        return cls(program, tuple(entries))
+        bodies: dict = {}
+        root = _Sub(program.jaxpr, "", None, program)
+        _walk(root, (), (), None, ((), "boundary", "boundary"), fine, label, entries, bodies)
+        return cls(program, tuple(entries), bodies)
 
 
-def sub_jaxprs(eqn) -> Iterator:
-    """The sub-jaxprs (Jaxpr) of an equation, in parameter order."""
-    for v in eqn.params.values():
-        for j in (v if isinstance(v, (tuple, list)) else (v,)):
+@attrs.frozen(eq=False)
+class _Sub:
+    """A sub-jaxpr of an equation and where the equation holds it."""
+
+    jaxpr: object
+    param: str
+    position: Optional[int]
+    closed: object
+
+
+def _subs(eqn) -> list[_Sub]:
+    out = []
+    for name, v in eqn.params.items():
+        many = isinstance(v, (tuple, list))
+        for pos, j in enumerate(v if many else (v,)):
             inner = getattr(j, "jaxpr", None)
             if inner is not None and hasattr(inner, "eqns"):
-                yield inner
+                out.append(_Sub(inner, name, pos if many else None, j if isinstance(j, ClosedJaxpr) else None))
             elif hasattr(j, "eqns"):
-                yield j
+                out.append(_Sub(j, name, pos if many else None, None))
+    return out
 
 
-def _walk(jaxpr, path: Path, loops: tuple, outer: tuple, fine: FineMesh, label, out: list) -> None:
+def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tuple, fine: FineMesh, label,
+          out: list, bodies: dict) -> None:
+    jaxpr = sub.jaxpr
     known: dict = {}  # scalar constants of this jaxpr (literals and arithmetic on them): while trip counts
+    producer: dict = {}  # var -> position of the equation producing it
+    mine: list[EqnIndex] = []
     for i, eqn in enumerate(jaxpr.eqns):
         ids, key, text = _scope_of(str(eqn.source_info.name_stack), outer, label)
         facts = facts_of(eqn.primitive.name)
-        subs = list(sub_jaxprs(eqn))
+        subs = _subs(eqn)
         colls = (_record(eqn, facts, ids, text, bool(loops), fine),) if facts.collective else ()
-        count, inner = _loop_counts(eqn, facts, subs, known)
-        out.append(EqnIndex(path + (i,), eqn.primitive.name, key, ids, text, loops, count, colls))
+        count, inner = _loop_counts(eqn, facts, [s.jaxpr for s in subs], known)
+        deps = tuple(sorted({producer[v] for v in eqn.invars if not isinstance(v, Literal) and v in producer}))
+        entry = EqnIndex(path + (i,), eqn.primitive.name, key, ids, text, loops, count, colls, deps,
+                         _emitted(eqn) if facts.collective else None, eqn)
+        out.append(entry)
+        mine.append(entry)
         for k, j in enumerate(subs):
-            _walk(j, path + (i, k), loops + inner[k], (ids, key, text), fine, label, out)
+            _walk(j, path + (i, k), loops + inner[k], inner[k][0] if inner[k] else None, (ids, key, text), fine,
+                  label, out, bodies)
         if not facts.collective and not subs and not _free(eqn, facts):
             _fold_const(eqn, known)
+        for v in eqn.outvars:
+            producer[v] = i
+    bodies[path] = Body(path, jaxpr, tuple(mine), loop, sub.param, sub.position, sub.closed)
+
+
+def _emitted(eqn) -> Emitted:
+    a = eqn.params.get("axes", eqn.params.get("axis_name"))
+    axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
+    return Emitted(axes, str(eqn.invars[0].aval.dtype), _nbytes(eqn.invars), len(eqn.invars),
+                   eqn.params.get("axis_index_groups") is not None, bool(eqn.params.get("tiled")))
+
+
+def _nbytes(vs) -> int:
+    return sum(int(np.prod(v.aval.shape, dtype=np.int64)) * np.dtype(v.aval.dtype).itemsize for v in vs)
 
 
 def _scope_of(stack: str, outer: tuple, label) -> tuple[tuple[int, ...], str, str]:
@@ -147,7 +256,7 @@ def _record(eqn, facts, ids: tuple[int, ...], text: str, in_loop: bool, fine: Fi
     a = eqn.params.get("axes", eqn.params.get("axis_name"))
     axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
     aval = eqn.invars[0].aval
-    nbytes = sum(int(np.prod(v.aval.shape, dtype=np.int64)) * np.dtype(v.aval.dtype).itemsize for v in eqn.invars)
+    nbytes = _nbytes(eqn.invars)
     group = int(np.prod([fine.size_of[a] for a in axes], dtype=np.int64))
     return Collective(facts.collective, tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
                       op_id=ids[0] if len(ids) == 1 else -1, dtype=str(np.dtype(aval.dtype)), shape=tuple(aval.shape),

@@ -9,27 +9,18 @@ often JAX traces::
     psum[axes=('y',)] f32[8,16]   in scope op12   ->  Collective("all-reduce", ("y",), 512,
                                                                   "dot_general #12 (model.py:3)")
 
-A collective's kind and reduce op are its primitive's ``OpFacts`` (ops/program.py).
+A collective's kind and reduce op are its primitive's ``OpFacts`` (ops/program.py). The
+records are the index's: ``plan.collectives`` is ``plan.index.collectives``; nothing here
+reads the program again.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from .context import Collective
-from .fine_mesh import FineMesh
-from .program_index import ProgramIndex, sub_jaxprs
+from .program_index import ProgramIndex
 
-__all__ = ["collect", "sub_jaxprs"]
-
-
-def collect(jaxpr, fine: FineMesh, label: Callable[[int], str]) -> list[Collective]:
-    """Every collective of ``jaxpr`` (a Jaxpr or ClosedJaxpr) in program order, with the op that caused it."""
-    program = jaxpr if hasattr(jaxpr, "jaxpr") else _Closed(jaxpr)
-    return list(ProgramIndex.build(program, fine, label).collectives)
+__all__ = ["collect"]
 
 
-class _Closed:
-    """A bare Jaxpr seen as a ClosedJaxpr (``.jaxpr``) for the index."""
-
-    def __init__(self, jaxpr) -> None:
-        self.jaxpr = jaxpr
+def collect(index: ProgramIndex) -> list[Collective]:
+    """Every collective of the program ``index`` indexes, in program order, with the op that caused it."""
+    return list(index.collectives)

@@ -80,9 +80,14 @@ def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
         body = build_body(graph, ctx, in_dims, out_dims)
         local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(graph.inputs, in_dims)]
         axis_env = list(zip(fine.names, fine.sizes))
-        program = combine(jax.make_jaxpr(body, axis_env=axis_env)(*local), combine_threshold_bytes, axis_env)
-    labels = {op.id: op_label(op) for op in graph.walk()}
-    return _Program(graph, mesh, program, ProgramIndex.build(program, fine, lambda i: labels.get(i, f"op {i}")))
+        raw = jax.make_jaxpr(body, axis_env=axis_env)(*local)
+        labels = {op.id: op_label(op) for op in graph.walk()}
+        label = lambda i: labels.get(i, f"op {i}")  # noqa: E731
+        idx = ProgramIndex.build(raw, fine, label)
+        program = combine(idx, combine_threshold_bytes, axis_env)
+        if program is not raw:  # the combiner changed it: its index is read afresh (compiler.reindex)
+            idx = ProgramIndex.build(program, fine, label)
+    return _Program(graph, mesh, program, idx)
 
 
 class Pricer:

@@ -113,11 +113,13 @@ def test_combine_merges_independent_collectives():
     fine = FineMesh.build(MESH, [MESH.ref("y")])
     program = jax.make_jaxpr(lambda a, b: (lax.psum(a, "y"), lax.psum(b, "y")), axis_env=[("x", 2), ("y", 4)])(
         S((4,), jnp.float32), S((8,), jnp.float32))
-    assert len(compiler.index(program, fine, traced()).collectives) == 2
-    combined = compiler.combine(program, compiler.DEFAULT_THRESHOLD_BYTES, fine)
+    raw = compiler.index(program, fine, traced())
+    assert len(raw.collectives) == 2
+    combined = compiler.combine(raw, compiler.DEFAULT_THRESHOLD_BYTES, fine)  # reads the program through its index
     [c] = compiler.index(combined, fine, traced()).collectives  # one all-reduce of both buffers, flattened
     assert c.kind == "all-reduce" and c.shape == (12,) and c.bytes_per_device == 4 * 12
-    assert len(compiler.index(compiler.combine(program, 0, fine), fine, traced()).collectives) == 2  # threshold 0: off
+    assert compiler.combine(raw, 0, fine) is program  # threshold 0: off, the program as it was
+    assert compiler.reindex(raw, program, fine, traced()) is raw  # nothing changed: not indexed again
 
 
 def test_plan_jaxpr_is_the_passes_in_order():
@@ -125,9 +127,11 @@ def test_plan_jaxpr_is_the_passes_in_order():
     plan = compiler.plan_jaxpr(closed, MESH, name="mlp")
     s = compiler.seed(compiler.trace(closed, MESH), MESH)
     part = compiler.partition(s.graph, MESH, compiler.propagate(s.graph, MESH, s.seeds), name="mlp")
-    program = compiler.combine(part.program, compiler.DEFAULT_THRESHOLD_BYTES, part.fine)
+    raw = compiler.index(part.program, part.fine, s.graph)
+    program = compiler.combine(raw, compiler.DEFAULT_THRESHOLD_BYTES, part.fine)
     assert str(program) == plan.spmd_text()
-    assert [str(c) for c in compiler.index(program, part.fine, s.graph).collectives] == [str(c) for c in plan.collectives]
+    idx = compiler.reindex(raw, program, part.fine, s.graph)
+    assert [str(c) for c in idx.collectives] == [str(c) for c in plan.collectives]
     assert plan.sharding_of("hidden").spec == P("x", "y")
     assert plan.in_names == ("arg0", "arg1", "arg2") and plan.tactics == ()
 

@@ -100,3 +100,116 @@ def test_the_index_pass_is_the_plans_index():
     idx = compiler.index(part.program, part.fine, s.graph)
     assert [c.kind for c in idx.collectives] == ["all-reduce"]
     assert [e.key for e in idx.entries if e.collectives] == [f"op{idx.collectives[0].op_id}"]
+
+
+# -- one reader: the combiner, the records, the cost model and the memory walk read the index --
+
+def _grads_plan(threshold=None):
+    """Data-parallel gradients of three weights: the combiner merges their all-reduces."""
+    mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
+
+    def grads(x, w1, w2, b):
+        return jax.grad(lambda p: jnp.mean(jnp.tanh(jnp.tanh(x @ p[0]) @ p[1] + p[2]) ** 2))((w1, w2, b))
+
+    kw = {} if threshold is None else {"combine_threshold_bytes": threshold}
+    f = gp.spmd(grads, mesh, in_shardings=(gp.P("x", None), None, None, None), **kw)
+    return f.plan(S((16, 8), F32), S((8, 8), F32), S((8, 4), F32), S((4,), F32))
+
+
+def _scan_plan():
+    mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
+
+    def fn(x, ws):
+        def step(h, w):
+            h = jnp.tanh(h @ w)
+            return h, h.sum()
+        return lax.scan(step, x, ws)
+
+    f = gp.spmd(fn, mesh, in_shardings=(gp.P("x", None), gp.P(None, None, "y")))
+    return f.plan(S((8, 16), F32), S((3, 16, 16), F32))
+
+
+_PRIMS = {"psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce", "all_gather": "all-gather",
+          "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all", "ppermute": "collective-permute"}
+
+
+def _collectives_seen_by_walking(jaxpr) -> list[str]:
+    """The collectives of a jaxpr in program order, read independently of the index."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _PRIMS:
+            out.append(_PRIMS[eqn.primitive.name])
+        for v in eqn.params.values():
+            for j in (v if isinstance(v, (tuple, list)) else (v,)):
+                inner = getattr(j, "jaxpr", j)
+                if hasattr(inner, "eqns"):
+                    out += _collectives_seen_by_walking(inner)
+    return out
+
+
+def test_the_plans_index_is_the_index_of_the_program_it_runs():
+    """After the combiner the program is indexed again: the plan's index is the index of the
+    combined program (every collective the program issues, none of the merged-away ones), and
+    the records, the cost model and the memory walk read that one index."""
+    from gspmd_py.cost.memory import peak_memory
+    from gspmd_py.partitioner.records import collect
+
+    hw = gp.Hardware.preset("h100-node")
+    plans = (_grads_plan(), _grads_plan(threshold=0), _scan_plan())
+    assert all(p.collectives for p in plans)
+    for plan in plans:
+        assert plan.index.program is plan.program
+        fresh = compiler.index(plan.program, plan.fine, plan.graph)
+        assert fresh.entries == plan.index.entries
+        assert [c.kind for c in plan.collectives] == _collectives_seen_by_walking(plan.program.jaxpr)
+        assert collect(plan.index) == list(plan.collectives)
+        cost = plan.cost(hw)
+        assert sorted(str(c.collective) for c in cost.collectives) == sorted(str(c) for c in plan.collectives)
+        assert peak_memory(plan.index, (False,) * len(plan.program.jaxpr.invars)).peak == cost.peak_memory_bytes
+    merged, separate = _grads_plan(), _grads_plan(threshold=0)
+    assert len(merged.collectives) < len(separate.collectives)
+    assert any(c.op.startswith("combined:") for c in merged.collectives)
+
+
+def test_the_combiner_reads_the_index_it_is_given():
+    """The merged collective is named from the index's op ids, its bytes and axes are the
+    index's; the combiner of an index with nothing to merge gives the program back."""
+    fine = FineMesh.build(MESH, [MESH.ref("y")])
+
+    def fn(a, b):
+        with jax.named_scope("op4"):
+            a = lax.psum(a, "y")
+        with jax.named_scope("op9"):
+            b = lax.psum(b, "y")
+        return a, b
+
+    program = jax.make_jaxpr(fn, axis_env=ENV)(S((4,), F32), S((8,), F32))
+    graph = compiler.trace(jax.make_jaxpr(lambda a, b: (a, b))(S((4,), F32), S((8,), F32)))
+    raw = compiler.index(program, fine, graph)
+    assert [e.emitted.nbytes for e in raw.entries if e.emitted] == [16, 32]
+    assert [e.deps for e in raw.entries] == [(), ()]
+    combined = compiler.combine(raw, compiler.DEFAULT_THRESHOLD_BYTES, fine)
+    idx = compiler.reindex(raw, combined, fine, graph)
+    (e,) = [e for e in idx.entries if e.collectives]
+    assert e.key == "combined:4,9" and e.op_ids == (4, 9) and e.collectives[0].bytes_per_device == 48
+    assert compiler.combine(raw, 8, fine) is program  # over the threshold: nothing merges
+    looped = small_program()  # loop bodies, one collective in each: nothing merges, nothing is retraced
+    assert compiler.combine(ProgramIndex.build(looped, FINE, label), compiler.DEFAULT_THRESHOLD_BYTES, FINE) is looped
+
+
+def test_only_the_index_walks_the_equations_of_a_program():
+    """No module but program_index.py enumerates a jaxpr's equations (``.eqns``); the
+    others read the index. frontend/trace.py reads the user's jaxpr (into the IR), plan.py one
+    template equation of a jit of the identity."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(gp.__file__).parent
+    allowed = {"partitioner/program_index.py", "frontend/trace.py", "plan.py"}
+    readers = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.Attribute) and n.attr == "eqns" for n in ast.walk(tree)):
+            readers.add(path.relative_to(root).as_posix())
+    assert readers <= allowed, sorted(readers - allowed)
+    assert "partitioner/program_index.py" in readers
