@@ -2,7 +2,8 @@
 
     PASSES = ("trace", "seed", "propagate", "partition", "combine", "index")
 
-* ``trace``: the user's jaxpr -> ``ir.Graph`` (shifts folded, dead code removed).
+* ``trace``: the user's jaxpr -> ``ir.Graph`` (shifts folded, dead code removed), each
+  output a value of its own (its port, below).
 * ``seed``: annotations, in/out shardings and tactics -> ``Seed`` s (``Seeded``).
 * ``propagate``: graph + seeds -> ``Propagation`` (a sharding per value, a projection per op).
 * ``partition``: graph + propagation -> the per-device program and its diagnostics
@@ -18,12 +19,25 @@ Each pass is a function that can be run on its own (tests, the search); ``plan_j
 them in order and wraps the result in a ``Plan``::
 
     g = trace(closed, mesh)
-    s = seed(g, mesh, in_dims=[dims_x, None])
+    s = seed(g, mesh, in_dims=[dims_x, None], out_dims=[dims_out])
     prop = propagate(s.graph, mesh, s.seeds)
     part = partition(s.graph, mesh, prop)
     raw = index(part.program, part.fine, s.graph)
     program = combine(raw, DEFAULT_THRESHOLD_BYTES, part.fine)
     idx = reindex(raw, program, part.fine, s.graph)  # idx.collectives: the Collective records
+
+The program boundary is data, not edits. gp.spmd traces the user's function as written;
+its in_shardings and out_shardings reach ``seed`` as explicit per-input / per-output dims
+with their labels ("in_shardings of arg0", "out_shardings of output 0"), and a derived
+program (jvp, transpose, vmap, a known/unknown split: frontend/primitive.py) gets them per
+position of the transformed program. The trace pass gives every output a value of its own:
+its port, an unspecified ``gp.annotate`` op (an identity that constrains nothing) of the
+value it returns, built with the other ops' ids. So an output can be laid out unlike the
+value it returns (an input returned as is, one value returned twice under two
+out_shardings, a constant returned, a partial sum returned sharded: reduced once, at its
+port). ``seed`` reads the graph and never changes it:
+in_dims seed the inputs, every specified annotate op its result, out_dims the ports, then
+the tactics add theirs; all at the user's priority 0, as gp.annotate's default.
 """
 from __future__ import annotations
 
@@ -33,10 +47,9 @@ import attrs
 import jax
 from jax.extend.core import ClosedJaxpr
 
-from .frontend.annotate import annotate_p
 from .frontend.constraints import outside_user_mesh
 from .errors import AnnotationError
-from .ir import Graph, Op, Value
+from .ir import Graph, Value
 from .runtime.layout import own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
@@ -62,8 +75,8 @@ DEFAULT_THRESHOLD_BYTES = combiner.DEFAULT_THRESHOLD_BYTES
 
 @attrs.frozen
 class Seeded:
-    """What the seed pass made of a traced graph: the graph it seeded (the traced one, its
-    boundary annotations replaced by seeds and each output a value of its own) and the seeds."""
+    """What the seed pass made of a traced graph: the graph it seeded (the one it was given,
+    unchanged) and the seeds."""
 
     graph: Graph
     seeds: tuple[Seed, ...]
@@ -97,8 +110,9 @@ class Partitioned:
 # -- the passes ---------------------------------------------------------------------------
 def trace(closed: ClosedJaxpr, mesh: Optional[Mesh] = None, in_names: Optional[Sequence[str]] = None) -> Graph:
     """Pass 1: the IR of ``closed`` (shifts folded, dead code removed), inputs named
-    ``in_names`` (default ``arg0``, ``arg1``...)."""
-    graph = trace_jaxpr(closed, mesh)
+    ``in_names`` (default ``arg0``, ``arg1``...), each output its own port (an unspecified
+    annotate op of the value it returns)."""
+    graph = trace_jaxpr(closed, mesh, output_ports=True)
     in_names = in_names or [f"arg{i}" for i in range(len(graph.inputs))]
     for v, nm in zip(graph.inputs, in_names):
         v.name = v.name or nm
@@ -106,43 +120,20 @@ def trace(closed: ClosedJaxpr, mesh: Optional[Mesh] = None, in_names: Optional[S
 
 
 def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]] = None,
-         in_labels: Optional[Sequence[str]] = None, out_labels: Optional[Sequence[str]] = None,
-         boundary: bool = False, tactics: Sequence = (), leaves=None, args_tree=None,
+         in_labels: Optional[Sequence[str]] = None, out_dims: Optional[Sequence[Optional[Dims]]] = None,
+         out_labels: Optional[Sequence[str]] = None, tactics: Sequence = (), leaves=None, args_tree=None,
          donate_argnums: Sequence[int] = ()) -> Seeded:
-    """Pass 2: the seeds of ``graph``: ``in_dims`` on the inputs themselves (in_shardings, or
-    the layouts inputs arrive in; ``in_labels`` say which, for ``plan.explain``), every
-    ``gp.annotate`` op, then the decisions of ``tactics``.
-
-    ``boundary``: the graph is a gp.spmd function's own (``Spmd._build``): its first annotate
-    ops are the in_shardings of the inputs that have ``in_dims`` (dropped: the inputs are
-    seeded instead) and each output is an annotate op of its own (the out_shardings, or
-    unspecified). Otherwise each output gets an unspecified annotate op of its own, so that
-    an output may be laid out unlike the value it returns. ``graph`` is edited in place.
-    """
-    n_in = len(graph.inputs)
-    in_dims = list(in_dims) if in_dims is not None else [None] * n_in
+    """Pass 2: the seeds of ``graph``, in this order: ``in_dims`` on the inputs (in_shardings,
+    or the layouts inputs arrive in; ``in_labels`` say which, for ``plan.explain``), every
+    specified ``gp.annotate`` op on its result, ``out_dims`` on the outputs (the ports
+    ``trace`` made; ``out_labels``, default "out_shardings of output i"), then the decisions
+    of ``tactics``. A None entry of ``in_dims`` / ``out_dims`` leaves that value open, a None
+    per dim leaves that dim open. ``graph`` is read, never changed."""
     in_names = [v.name or f"arg{i}" for i, v in enumerate(graph.inputs)]
-    in_labels = in_labels or [f"in_shardings of {nm}" for nm in in_names]
-    if boundary:
-        _drop_input_annotations(graph, in_dims)
-    seeds = [Seed(v, d, 0, what) for v, d, what in zip(graph.inputs, in_dims, in_labels) if d is not None]
-    labels: dict[int, str] = {}  # annotate op id -> what the user called it
-    for i, lab in enumerate(out_labels or []):
-        p = graph.outputs[i].producer
-        if lab and p is not None and p.prim == "gspmd_annotate" and not p.params.get("unspecified"):
-            labels[p.id] = lab
-    if not boundary:  # distinct output values, so an output may be laid out unlike the value it returns
-        for i, v in enumerate(graph.outputs):
-            out = Value(_next_id(graph), v.shape, v.dtype, name=None)
-            op = Op(_next_id(graph) + 1, "gspmd_annotate", [v], [out],
-                    {"spec": (), "priority": 0, "unspecified": True}, annotate_p, source=f"output {i}")
-            out.producer = op
-            graph.ops.append(op)
-            graph.outputs[i] = out
-    for op in graph.walk():
-        if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
-            dims, what = annotation_dims(mesh, op, op.outputs[0].rank)
-            seeds.append(Seed(op.outputs[0], dims, op.params["priority"], labels.get(op.id, what)))
+    seeds = _boundary_seeds(graph.inputs, in_dims, in_labels or [f"in_shardings of {nm}" for nm in in_names])
+    seeds += annotation_seeds(graph, mesh)
+    seeds += _boundary_seeds(graph.outputs, out_dims,
+                             out_labels or [f"out_shardings of output {i}" for i in range(len(graph.outputs))])
     log: tuple = ()
     if tactics:  # gspmd_py/tactics.py: each adds decisions over its axes; they become seeds
         from .search.context import Leaf, TacticContext
@@ -152,6 +143,26 @@ def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]
         ctx = apply_tactics(tactics, TacticContext(graph, mesh, leaves, seeds, args_tree, tuple(donate_argnums)))
         seeds, log = ctx.seeds(), tuple(ctx.log)
     return Seeded(graph, tuple(seeds), log)
+
+
+def _boundary_seeds(values: Sequence[Value], dims: Optional[Sequence[Optional[Dims]]],
+                    labels: Sequence[str]) -> list[Seed]:
+    """A seed at the user's priority per value that ``dims`` gives a sharding."""
+    if dims is None:
+        return []
+    if len(dims) != len(values):
+        raise ValueError(f"seed: {len(dims)} dims for {len(values)} values")
+    return [Seed(v, d, 0, what) for v, d, what in zip(values, dims, labels) if d is not None]
+
+
+def annotation_seeds(graph: Graph, mesh: Mesh) -> list[Seed]:
+    """A seed per specified ``gp.annotate`` op of ``graph`` (regions included), in program order."""
+    seeds = []
+    for op in graph.walk():
+        if op.prim == "gspmd_annotate" and not op.params.get("unspecified"):
+            dims, what = annotation_dims(mesh, op, op.outputs[0].rank)
+            seeds.append(Seed(op.outputs[0], dims, op.params["priority"], what))
+    return seeds
 
 
 def propagate(graph: Graph, mesh: Mesh, seeds: Sequence[Seed]) -> Propagation:
@@ -206,8 +217,8 @@ def reindex(idx: ProgramIndex, program: ClosedJaxpr, fine: FineMesh, graph: Grap
 # -- all of them --------------------------------------------------------------------------
 def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
-               out_labels: Optional[Sequence[str]] = None, donate_argnums: Sequence[int] = (),
-               boundary: bool = False, combine_threshold_bytes: Optional[int] = None, tactics: Sequence = (),
+               out_dims: Optional[Sequence[Optional[Dims]]] = None, out_labels: Optional[Sequence[str]] = None,
+               donate_argnums: Sequence[int] = (), combine_threshold_bytes: Optional[int] = None, tactics: Sequence = (),
                leaves=None, args_tree=None, shaping: Shaping = Shaping()) -> Plan:
     """Plan a closed jaxpr over ``mesh``: the passes in order (see ``seed`` for the arguments
     that seed it). ``shaping``: collectives shaped for a hardware (partitioner/shaping.py);
@@ -215,7 +226,7 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     one kept (the hardware's overlapped schedule of the whole program decides)."""
     graph = trace(closed, mesh, in_names)
     in_names = [v.name for v in graph.inputs]
-    seeded = seed(graph, mesh, in_dims=in_dims, in_labels=in_labels, out_labels=out_labels, boundary=boundary,
+    seeded = seed(graph, mesh, in_dims=in_dims, in_labels=in_labels, out_dims=out_dims, out_labels=out_labels,
                   tactics=tactics, leaves=leaves, args_tree=args_tree, donate_argnums=donate_argnums)
     prop = propagate(seeded.graph, mesh, seeded.seeds)
     if in_tree is None:
@@ -254,29 +265,6 @@ def _cheaper_without_matmul(plan: Plan, build) -> Plan:
     plan.ctx.notes.append(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
                           f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
     return plan
-
-
-def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:
-    """Remove the leading in_shardings annotations of a gp.spmd function's own jaxpr, their uses
-    rewired to the inputs (which carry the same shardings as seeds)."""
-    k, replace = 0, {}
-    for v, d in zip(graph.inputs, in_dims):
-        if d is None:
-            continue
-        op = graph.ops[k] if k < len(graph.ops) else None
-        if op is None or op.prim != "gspmd_annotate" or op.inputs[0] is not v:
-            return  # not the jaxpr Spmd._build makes: keep every annotation
-        replace[op.outputs[0].id] = v
-        k += 1
-    del graph.ops[:k]
-    for op in graph.walk():
-        op.inputs = [replace.get(x.id, x) for x in op.inputs]
-    graph.outputs = [replace.get(x.id, x) for x in graph.outputs]
-
-
-def _next_id(graph: Graph) -> int:
-    m = max([v.id for v in graph.values()] + [op.id for op in graph.walk()] + [-1])
-    return m + 1
 
 
 def check_tag_names(graph: Graph, fn_name: str) -> None:

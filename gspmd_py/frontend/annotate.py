@@ -64,6 +64,12 @@ annotate_p.def_abstract_eval(lambda x, **_: x)
 mlir.register_lowering(annotate_p, lambda ctx, x, **_: [x])
 
 
+def spec_entries(dims) -> tuple:
+    """annotate's ``spec`` parameter for canonical dims (per dim a tuple of AxisRefs, None: open):
+    per dim the axis names ("y:(2)2" for a sub-axis), or OPEN."""
+    return tuple(OPEN if axes is None else tuple(str(r) for r in axes) for axes in dims)
+
+
 def _annotate_batch(axis_data, args, dims, *, spec, priority, unspecified, **kw):
     """The batch dim is open, or sharded over ``jax.vmap(..., spmd_axis_name=...)``'s axes (as
     jax.lax.with_sharding_constraint under such a vmap)."""

@@ -27,7 +27,6 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from .annotate import annotate_p
 from .arguments import Call, Signature
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..errors import ArgumentError, ShardingError
@@ -38,18 +37,13 @@ from ..mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
 from ..runtime.plancheck import check_same_program
-from .primitive import SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
+from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
 from .constraints import constraint_errors, tracing_mesh
 from .specs import spec_dims
 
-def _spec_entries(dims: Dims) -> tuple:
-    """gp.annotate's spec parameter for canonical dims: per dim, the axis names ("y:(2)2" for a sub-axis)."""
-    return tuple(tuple(str(r) for r in axes) for axes in dims)
-
-
 @attrs.define(eq=False)
 class _Entry:
-    """One cached signature: the annotated jaxpr, its plan, and the jit that stages it."""
+    """One cached signature: the user's jaxpr, its plan, and the jit that stages it."""
 
     jaxpr: Any
     plan: Plan
@@ -166,24 +160,20 @@ class Spmd:
         in_dims = self._in_dims(call)
         box: list = []
 
-        def flat_fn(*leaves):
-            leaves = [x if d is None else annotate_p.bind(x, spec=_spec_entries(d), priority=0, unspecified=False)
-                      for x, d in zip(leaves, in_dims)]
-            args, kwargs = call.rebuild(leaves)
+        def flat_fn(*leaves):  # the user's function as written: in/out shardings go to the compiler as seeds
+            args, kwargs = call.rebuild(list(leaves))
             out = self.fn(*args, **kwargs)
             flat, out_tree = jax.tree_util.tree_flatten(out)
             flat = [jnp.asarray(o) for o in flat]
-            out_dims = self._out_dims(out, flat)
-            box.append((out_tree, out_dims))
-            return [annotate_p.bind(o, spec=(), priority=0, unspecified=True) if d is None else
-                    annotate_p.bind(o, spec=_spec_entries(d), priority=0, unspecified=False)
-                    for o, d in zip(flat, out_dims)]
+            box.append((out_tree, self._out_dims(out, flat)))
+            return flat
 
         with tracing_mesh(mesh), constraint_errors(mesh):
             closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
         out_tree, out_dims = box[-1]
         n_c, in_tree = len(closure), call.in_tree
         labels = [f"in_shardings of {nm}" for nm in in_names]
+        out_labels = [f"out_shardings of output {i}" for i in range(len(out_dims))]
         leaves, args_tree = None, None
         if self.tactics:
             from ..search.context import Leaf, leaves_of_call
@@ -199,12 +189,12 @@ class Spmd:
                 call.in_tree, [0] * len(call.leaves))))
         donate = tuple(n_c + i for i, d in enumerate(call.donated) if d)
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
-                          in_dims=in_dims, in_labels=labels,
-                          out_labels=[f"out_shardings of output {i}" for i in range(len(out_dims))],
-                          donate_argnums=donate, boundary=True, combine_threshold_bytes=self.combine_threshold_bytes,
+                          in_dims=in_dims, in_labels=labels, out_dims=out_dims, out_labels=out_labels,
+                          donate_argnums=donate, combine_threshold_bytes=self.combine_threshold_bytes,
                           tactics=self.tactics, leaves=leaves, args_tree=args_tree, shaping=self.shaping)
         params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes,
-                            shaping=self.shaping)
+                            shaping=self.shaping, in_shardings=_given(in_dims, labels),
+                            out_shardings=tuple(Given(d, lab) for d, lab in zip(out_dims, out_labels)))
         return _Entry(closed, plan, params, out_tree, donate, closure)
 
     def _in_dims(self, call: Call) -> list[Optional[Dims]]:
@@ -230,6 +220,12 @@ class Spmd:
             return [None] * len(flat)
         return spec_dims(self.mesh, self.out_shardings, out, [o.ndim for o in flat], [_type_str(o) for o in flat],
                          "out_shardings", [f"out{i}" for i in range(len(flat))])
+
+
+def _given(dims: list[Optional[Dims]], labels: list[str]) -> Optional[tuple]:
+    """SpmdParams' in_shardings: per input a Given, or None where it has none (None: no input has one)."""
+    given = tuple(None if d is None else Given(d, lab) for d, lab in zip(dims, labels))
+    return None if all(g is None for g in given) else given
 
 
 def _type_str(a) -> str:

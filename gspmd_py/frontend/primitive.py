@@ -2,12 +2,14 @@
 
 A gp.spmd function called with tracers (under ``jax.jit``, ``jax.grad``, ``jax.vmap``,
 ``lax.scan``, another gp.spmd...) binds ``spmd_call_p`` on the closed jaxpr of the user's
-function, with its in/out shardings written into that jaxpr as ``gp.annotate`` ops::
+function as written, its in/out shardings in the parameters (per input / output a
+``Given``: canonical dims and their label, or None)::
 
     { lambda ; a:f32[8,16] b:f32[16,32]. let
-        c = spmd_call[jaxpr={ lambda ; x y. let x' = gspmd_annotate[spec=(('x',), ())] x
-                                                 ...  in (o',) }
-                      spmd=SpmdParams(mesh=Mesh(x=2, y=4), name=mlp)] a b
+        c = spmd_call[jaxpr={ lambda ; x y. let ... in (o,) }
+                      spmd=SpmdParams(mesh=Mesh(x=2, y=4), name=mlp,
+                                      in_shardings=(Given(((x,), ()), 'in_shardings of arg0'), None),
+                                      out_shardings=None)] a b
       in (c,) }
 
 Its lowering plans that jaxpr with gspmd_py and lowers the partitioned program (a
@@ -19,9 +21,11 @@ they were for): every transformation rule below builds the transformed *user* ja
 new ``spmd_call`` on it, which gspmd_py plans in turn, collectives recorded as for any
 plan. The known half of a split is planned first, and the layouts of its residuals seed
 the inputs of the unknown half (and of its transpose), so no data moves between the
-forward and the backward program. The annotations travel with the jaxpr through every
-transformation (``gp.annotate`` has its own jvp/transpose/batching rules), so tangents
-and cotangents get the primal's shardings and a vmapped batch dim is left open.
+forward and the backward program. The in/out shardings follow their positions through
+every transformation as ``gp.annotate``'s own jvp/transpose/batching rules would move
+annotations: a tangent takes its primal's, a cotangent input its output's and a cotangent
+output its input's, a residual none; a vmapped batch dim is left open (or sharded over
+``spmd_axis_name``).
 
 The rules mirror ``jax._src.pjit``'s for ``jit_p`` (jvp, partial eval, transpose,
 batching, partial_eval_jaxpr_custom, dce), without the sharding/layout bookkeeping.
@@ -44,12 +48,27 @@ from ..runtime.layout import own_mesh
 from ..mesh import Mesh
 
 
+@attrs.frozen
+class Given:
+    """What the user said of one input or output of a gp.spmd program (in_shardings /
+    out_shardings): canonical dims (per dim a tuple of AxisRefs or None: open; ``dims`` None:
+    the whole value left to propagation, as ``out_shardings=None`` says of an output) and what
+    ``plan.explain`` calls it ("in_shardings of arg0", "out_shardings of output 0").
+
+    An inlined call (trace.py) turns each Given into a ``gp.annotate`` op (dims None: an
+    unspecified one); a position without a Given gets none."""
+
+    dims: Optional[tuple]
+    label: str
+
+
 @attrs.frozen(eq=True, hash=True)
 class SpmdParams:
     """The non-jaxpr parameters of one spmd_call: the mesh, a name, the layouts its inputs arrive
     in when another spmd_call produced them (``in_hints``: the forward program's residuals,
-    seeded so the backward program takes them as they are), and the plan when gspmd_py has
-    already built it (the user's own call; the known half of a partial evaluation)."""
+    seeded so the backward program takes them as they are), the user's in/out shardings
+    (per input / output a ``Given`` or None), and the plan when gspmd_py has already built
+    it (the user's own call; the known half of a partial evaluation)."""
 
     mesh: Mesh
     name: str
@@ -58,14 +77,31 @@ class SpmdParams:
     plan: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
     combine_threshold_bytes: Optional[int] = None  # the combiner's group size limit (None: its default)
     shaping: Any = None  # partitioner.shaping.Shaping: collectives shaped for a hardware (None: none)
+    in_shardings: Optional[tuple] = None  # per input: Given or None (None: no input has one)
+    out_shardings: Optional[tuple] = None  # per output: Given or None (None: no output has one)
 
-    def derive(self, in_hints: Optional[Sequence] = None) -> "SpmdParams":
-        hints = None if in_hints is None or all(h is None for h in in_hints) else tuple(in_hints)
-        return SpmdParams(self.mesh, self.name, True, hints, combine_threshold_bytes=self.combine_threshold_bytes,
-                          shaping=self.shaping)
+    def derive(self, in_hints: Optional[Sequence] = None, ins: Optional[Sequence] = None,
+               outs: Optional[Sequence] = None) -> "SpmdParams":
+        """The parameters of a transformation of this program: per position of the transformed
+        program, its inputs' hints and its inputs' and outputs' user shardings."""
+        return SpmdParams(self.mesh, self.name, True, _some(in_hints), combine_threshold_bytes=self.combine_threshold_bytes,
+                          shaping=self.shaping, in_shardings=_some(ins), out_shardings=_some(outs))
 
     def hints(self, n: int) -> list:
         return list(self.in_hints) if self.in_hints is not None else [None] * n
+
+    def ins(self, n: int) -> list[Optional[Given]]:
+        """Per input (``n`` of them): its in_sharding, or None."""
+        return list(self.in_shardings) if self.in_shardings is not None else [None] * n
+
+    def outs(self, n: int) -> list[Optional[Given]]:
+        """Per output (``n`` of them): its out_sharding, or None."""
+        return list(self.out_shardings) if self.out_shardings is not None else [None] * n
+
+
+def _some(entries: Optional[Sequence]) -> Optional[tuple]:
+    """``entries`` as a tuple, or None when there are none or all of them are None."""
+    return None if entries is None or all(e is None for e in entries) else tuple(entries)
 
 
 spmd_call_p = Primitive("spmd_call")
@@ -119,9 +155,15 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
         return spmd.plan
     from ..compiler import plan_jaxpr
 
-    n = len(jaxpr.in_avals)
+    n, m = len(jaxpr.in_avals), len(jaxpr.out_avals)
+    ins, outs = spmd.ins(n), spmd.outs(m)
+    # an input with in_shardings takes them; one without, the layout it arrives in (if known)
+    ins = [None if g is None or g.dims is None else g for g in ins]
+    in_dims = [h if g is None else g.dims for g, h in zip(ins, spmd.hints(n))]
+    in_labels = [f"the layout input {i} arrives in" if g is None else g.label for i, g in enumerate(ins)]
     return plan_jaxpr(jaxpr, spmd.mesh, name=spmd.name + (" (derived)" if spmd.derived else ""),
-                      in_dims=spmd.hints(n), in_labels=[f"the layout input {i} arrives in" for i in range(n)],
+                      in_dims=in_dims, in_labels=in_labels, out_dims=[None if g is None else g.dims for g in outs],
+                      out_labels=[f"out_shardings of output {i}" if g is None else g.label for i, g in enumerate(outs)],
                       combine_threshold_bytes=spmd.combine_threshold_bytes,
                       **({} if spmd.shaping is None else {"shaping": spmd.shaping}))
 
@@ -173,9 +215,9 @@ mlir.register_lowering(spmd_call_p, _lowering, cacheable=False)
 def _jvp(primals, tangents, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     nz_in = [type(t) is not ad.Zero for t in tangents]
     jvp_jaxpr, nz_out = ad.jvp_jaxpr(jaxpr, nz_in, instantiate=False)
-    hints = spmd.hints(len(primals))
-    outs = bind([*primals, *[t for t, nz in zip(tangents, nz_in) if nz]], jvp_jaxpr,
-                spmd.derive(hints + [h for h, nz in zip(hints, nz_in) if nz]))
+    hints, ins, given_outs = spmd.hints(len(primals)), spmd.ins(len(primals)), spmd.outs(len(jaxpr.out_avals))
+    params = spmd.derive(hints + _kept(hints, nz_in), ins + _kept(ins, nz_in), given_outs + _kept(given_outs, nz_out))
+    outs = bind([*primals, *_kept(tangents, nz_in)], jvp_jaxpr, params)
     primals_out, nz_tangents = outs[:len(jaxpr.out_avals)], iter(outs[len(jaxpr.out_avals):])
     tangents_out = [next(nz_tangents) if nz else ad.Zero(a.to_tangent_aval())
                     for nz, a in zip(nz_out, jaxpr.out_avals)]
@@ -183,6 +225,16 @@ def _jvp(primals, tangents, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
 
 
 ad.primitive_jvps[spmd_call_p] = _jvp
+
+
+def _kept(entries: Sequence, keep: Sequence[bool]) -> list:
+    """The entries whose ``keep`` is true, in order."""
+    return [e for e, k in zip(entries, keep) if k]
+
+
+def _dropped(entries: Sequence, keep: Sequence[bool]) -> list:
+    """The entries whose ``keep`` is false, in order."""
+    return [e for e, k in zip(entries, keep) if not k]
 
 
 # -- partial evaluation: known part now, unknown part staged (linearize, grad) ------------------
@@ -195,11 +247,12 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
     jaxpr_known, jaxpr_unknown, out_unknown, res_avals = pe.partial_eval_jaxpr_nounits(
         jaxpr, [not k for k in known], instantiate=False)
     known_vals = [t.pval.get_known() for t, k in zip(tracers, known) if k]
-    hints = spmd.hints(len(tracers))
+    hints, ins, given_outs = spmd.hints(len(tracers)), spmd.ins(len(tracers)), spmd.outs(len(out_unknown))
     res_hints: list = [None] * len(res_avals)
     outs: list = []
     if jaxpr_known.out_avals:
-        p_known = spmd.derive([h for h, k in zip(hints, known) if k])
+        p_known = spmd.derive(_kept(hints, known), _kept(ins, known),
+                              _dropped(given_outs, out_unknown) + [None] * len(res_avals))
         if not spmd.mesh.is_abstract:  # plan the known half now: its residual layouts seed the unknown half
             plan = plan_of(jaxpr_known, p_known)
             p_known = attrs.evolve(p_known, plan=plan)
@@ -211,7 +264,8 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
     unknown_in = [trace.instantiate_const(t) for t, k in zip(tracers, known) if not k]
     # partial_eval_jaxpr_nounits puts the residuals first in the unknown jaxpr's inputs
     out_tracers = _stage(trace, [*res_tracers, *unknown_in], jaxpr_unknown,
-                         spmd.derive(res_hints + [h for h, k in zip(hints, known) if not k]))
+                         spmd.derive(res_hints + _dropped(hints, known), [None] * len(res_avals) + _dropped(ins, known),
+                                     _kept(given_outs, out_unknown)))
     known_it, unknown_it = iter(known_out), iter(out_tracers)
     return [next(unknown_it) if uk else next(known_it) for uk in out_unknown]
 
@@ -231,8 +285,16 @@ pe.custom_partial_eval_rules[spmd_call_p] = _partial_eval
 
 def _pe_custom_params(unks_in, inst_in, kept_outs_known, kept_outs_staged, num_res_out, num_res_in,
                       params_known, params_staged):
-    return (dict(params_known, spmd=params_known["spmd"].derive()),
-            dict(params_staged, spmd=params_staged["spmd"].derive()))
+    """As pjit's updater: the known program takes the known inputs and returns the kept known
+    outputs and ``num_res_out`` residuals; the staged one takes ``num_res_in`` residuals and the
+    instantiated inputs and returns the kept staged outputs. Residuals have no user shardings;
+    the inputs' hints are dropped (the layouts they arrive in are not known here)."""
+    kept_outs_known, kept_outs_staged = list(kept_outs_known), list(kept_outs_staged)
+    spmd: SpmdParams = params_known["spmd"]
+    ins, outs = spmd.ins(len(unks_in)), spmd.outs(len(kept_outs_known))
+    known = spmd.derive(None, _dropped(ins, unks_in), _kept(outs, kept_outs_known) + [None] * num_res_out)
+    staged = spmd.derive(None, [None] * num_res_in + _kept(ins, inst_in), _kept(outs, kept_outs_staged))
+    return dict(params_known, spmd=known), dict(params_staged, spmd=staged)
 
 
 pe.partial_eval_jaxpr_custom_rules[spmd_call_p] = (
@@ -246,9 +308,10 @@ def _dce(used_outputs: list[bool], eqn):
     new, used_inputs = pe.dce_jaxpr(jaxpr.jaxpr, used_outputs)
     if all(used_outputs) and all(used_inputs):
         return used_inputs, eqn
-    spmd = eqn.params["spmd"]
-    hints = [h for h, u in zip(spmd.hints(len(used_inputs)), used_inputs) if u]
-    params = dict(eqn.params, jaxpr=ClosedJaxpr(new, jaxpr.consts), spmd=spmd.derive(hints))
+    spmd, n = eqn.params["spmd"], len(used_inputs)
+    derived = spmd.derive(_kept(spmd.hints(n), used_inputs), _kept(spmd.ins(n), used_inputs),
+                          _kept(spmd.outs(len(used_outputs)), used_outputs))
+    params = dict(eqn.params, jaxpr=ClosedJaxpr(new, jaxpr.consts), spmd=derived)
     new_eqn = jcore.new_jaxpr_eqn([v for v, u in zip(eqn.invars, used_inputs) if u],
                                   [v for v, u in zip(eqn.outvars, used_outputs) if u],
                                   spmd_call_p, params, jcore.no_effects, eqn.source_info, eqn.ctx)
@@ -264,8 +327,11 @@ def _transpose(cts, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     nz_cts = tuple(type(ct) is not ad.Zero for ct in cts)
     residuals = [x for x, lin in zip(args, linear) if not lin]
     t_jaxpr = _transpose_jaxpr(jaxpr, linear, nz_cts)
-    hints = [h for h, lin in zip(spmd.hints(len(args)), linear) if not lin] + [None] * sum(nz_cts)
-    outs = iter(bind([*residuals, *[ct for ct, nz in zip(cts, nz_cts) if nz]], t_jaxpr, spmd.derive(hints)))
+    hints, ins, given_outs = spmd.hints(len(args)), spmd.ins(len(args)), spmd.outs(len(cts))
+    # a cotangent input takes its output's out_shardings; a cotangent output its input's in_shardings
+    params = spmd.derive(_dropped(hints, linear) + [None] * sum(nz_cts),
+                         _dropped(ins, linear) + _kept(given_outs, nz_cts), _kept(ins, linear))
+    outs = iter(bind([*residuals, *_kept(cts, nz_cts)], t_jaxpr, params))
     return [next(outs) if lin else None for lin in linear]
 
 
@@ -294,7 +360,29 @@ def _batch(axis_data, args, dims, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     b_jaxpr, out_dims = batching.batch_jaxpr2(jaxpr, axis_data, tuple(dims))
     # unbatched inputs (e.g. the residuals under jax.jacrev's vmap of a vjp) keep their layouts
     hints = [h if d is None else None for h, d in zip(spmd.hints(len(args)), dims)]
-    return bind(args, b_jaxpr, spmd.derive(hints)), out_dims
+    batch = _batch_axes(spmd.mesh, axis_data.spmd_name)
+    ins = [_batched(g, d, batch, a.ndim) for g, d, a in zip(spmd.ins(len(args)), dims, jaxpr.in_avals)]
+    outs = [_batched(g, d, batch, a.ndim) for g, d, a in zip(spmd.outs(len(out_dims)), out_dims, jaxpr.out_avals)]
+    return bind(args, b_jaxpr, spmd.derive(hints, ins, outs)), out_dims
+
+
+def _batch_axes(mesh: Mesh, spmd_name) -> Optional[tuple]:
+    """The mesh axes of ``jax.vmap(..., spmd_axis_name=...)`` (None: the batch dim is open)."""
+    if spmd_name is None:
+        return None
+    return tuple(mesh.ref(a) for a in (spmd_name if isinstance(spmd_name, (tuple, list)) else (spmd_name,)))
+
+
+def _batched(given: Optional[Given], d: Optional[int], batch: Optional[tuple], rank: int) -> Optional[Given]:
+    """The Given of a position (of unbatched ``rank``) that vmap batches at dim ``d``, as
+    gp.annotate's batching rule moves an annotation: the batch dim open, or over the
+    spmd_axis_name axes ``batch``; an open Given stays open without them and becomes, with
+    them, sharded over them and replicated elsewhere."""
+    if d is None or given is None or (given.dims is None and batch is None):
+        return given
+    dims = list(given.dims if given.dims is not None else ((),) * rank)
+    dims.insert(d, batch)
+    return Given(tuple(dims), given.label)
 
 
 batching.fancy_primitive_batchers[spmd_call_p] = _batch

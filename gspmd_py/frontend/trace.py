@@ -5,9 +5,15 @@ nested calls (jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_v
 and other gp.spmd functions' ``spmd_call``) are inlined; scan/while/cond stay region ops
 whose bodies are nested Graphs; literals and closed-over arrays become constant Values.
 
-An inlined gp.spmd function brings its in/out shardings along as the ``gp.annotate`` ops
-its jaxpr holds, so they become annotations of the outer program; its mesh must be the
-outer function's.
+An inlined gp.spmd function (``spmd_call``) brings its in/out shardings along as
+``gp.annotate`` ops around its body (from the call's parameters: its jaxpr is the user's
+function as written), so they become annotations of the outer program; its mesh must be
+the outer function's.
+
+``output_ports`` (the compiler's trace pass): each output of the program gets a value of
+its own, its port: an unspecified ``gp.annotate`` (an identity that constrains nothing) of
+the value it returns, so an output may be laid out unlike that value (an input returned as
+is, one value returned twice under two out_shardings, a constant returned).
 
 The recomputation of a differentiated ``jax.checkpoint`` region stays a recomputation:
 its inputs pass through an optimization barrier first (per input, an elementwise
@@ -21,6 +27,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from .annotate import annotate_p, spec_entries
 from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
 from ..errors import ShardingError
 from . import shifts
@@ -64,7 +71,8 @@ class _Builder:
         return new_value(self.ids, arr.shape, arr.dtype, const=arr)
 
     def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None,
-                scope: tuple[str, ...] = (), where: str = "") -> Graph:
+                scope: tuple[str, ...] = (), where: str = "", ports: bool = False) -> Graph:
+        """The Graph of ``jaxpr``; ``ports``: each output a value of its own (see the module doc)."""
         env: dict[Any, Value] = {}
         ops: list[Op] = []
         if inputs is None:
@@ -75,7 +83,20 @@ class _Builder:
             env[var] = self.const(c, var.aval.dtype)
         self._eqns(jaxpr.eqns, env, ops, scope, where)
         outs = [self._read(env, v) for v in jaxpr.outvars]
+        if ports:
+            outs = [self.annotate(v, None, ops, "") for v in outs]
         return Graph(list(inputs), outs, ops)
+
+    def annotate(self, v: Value, dims, ops: list[Op], source: str, scope: str = "") -> Value:
+        """``v`` through a new ``gp.annotate`` op of canonical ``dims`` (None: unspecified, an
+        identity that constrains nothing), appended to ``ops``."""
+        out = new_value(self.ids, v.shape, v.dtype)
+        params = ({"spec": (), "priority": 0, "unspecified": True} if dims is None else
+                  {"spec": spec_entries(dims), "priority": 0, "unspecified": False})
+        op = Op(self.ids(), annotate_p.name, [v], [out], params, annotate_p, source=source, scope=scope)
+        out.producer = op
+        ops.append(op)
+        return out
 
     def _read(self, env, var) -> Value:
         if hasattr(var, "val") and not hasattr(var, "suffix") and type(var).__name__ == "Literal":
@@ -94,6 +115,7 @@ class _Builder:
             if name in INLINE and sub is not None:
                 if name == "spmd_call":
                     self._check_mesh(eqn)
+                    ins = self._call_inputs(eqn, ins, ops, "/".join(scope), src)
                 if name in REMAT:
                     ins = self._barrier(eqn, ins, ops)
                 inner, consts = _open(sub)
@@ -105,8 +127,11 @@ class _Builder:
                     local[var] = self.const(c, var.aval.dtype)
                 named = scope + (str(eqn.params["name"]),) if eqn.params.get("name") else scope
                 self._eqns(inner.eqns, local, ops, named, src)
-                for ov, iv in zip(eqn.outvars, inner.outvars):
-                    env[ov] = self._read(local, iv)
+                outs = [self._read(local, iv) for iv in inner.outvars]
+                if name == "spmd_call":
+                    outs = self._call_outputs(eqn, outs, ops, "/".join(scope), src)
+                for ov, o in zip(eqn.outvars, outs):
+                    env[ov] = o
                 continue
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
             op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=src, scope="/".join(scope),
@@ -136,6 +161,20 @@ class _Builder:
                 f"over {self.mesh}{' (at ' + _source(eqn) + ')' if _source(eqn) else ''}: nested gp.spmd "
                 f"functions must use the same mesh (call the inner function's plain version and annotate it)")
 
+    def _call_inputs(self, eqn, ins: list[Value], ops: list[Op], scope: str, src: str) -> list[Value]:
+        """The inputs of an inlined gp.spmd function, each given a sharding through its annotation."""
+        return self._given(eqn.params["spmd"].ins(len(ins)), ins, ops, scope, src)
+
+    def _call_outputs(self, eqn, outs: list[Value], ops: list[Op], scope: str, src: str) -> list[Value]:
+        """The outputs of an inlined gp.spmd function, each given a sharding (the user's function's
+        outputs all are: out_shardings, or None) through its annotation."""
+        return self._given(eqn.params["spmd"].outs(len(outs)), outs, ops, scope, src)
+
+    def _given(self, given, values: list[Value], ops: list[Op], scope: str, src: str) -> list[Value]:
+        """Each value with a ``primitive.Given`` through an annotate op of its dims (None dims:
+        unspecified); the others as they are."""
+        return [v if g is None else self.annotate(v, g.dims, ops, src, scope) for v, g in zip(values, given)]
+
     def _barrier(self, eqn, ins: list[Value], ops: list[Op]) -> list[Value]:
         """Inputs of a differentiated checkpoint region, each behind an optimization barrier."""
         if not eqn.params.get("differentiated", False):
@@ -155,10 +194,11 @@ class _Builder:
         return out
 
 
-def trace_jaxpr(closed, mesh=None) -> Graph:
+def trace_jaxpr(closed, mesh=None, *, output_ports: bool = False) -> Graph:
     """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls),
-    dead code removed."""
-    return eliminate_dead_code(shifts.fold(_Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts)))
+    dead code removed; ``output_ports``: each output a value of its own (see the module doc)."""
+    graph = _Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts, ports=output_ports)
+    return eliminate_dead_code(shifts.fold(graph))
 
 
 def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Graph:
