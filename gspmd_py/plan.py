@@ -15,13 +15,13 @@ from jax.sharding import PartitionSpec as JP
 from .runtime.boundary import Boundary
 from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
-from .runtime.layout import boundary_sharding, staged_sharding
+from .runtime.layout import boundary_sharding, layout_notes, staged_sharding
 from .mesh import Mesh
 from .partitioner.context import Collective
 from .partitioner.host_calls import raise_failures
 from .partitioner.program import boundary_out_dims
 from .partitioner.combine import DEFAULT_THRESHOLD_BYTES
-from .partitioner.pvalue import FineDims, ceil_div
+from .partitioner.pvalue import FineDims, ceil_div, local_shape, shards
 from .propagation import Propagation
 from .sharding import Sharding
 
@@ -39,7 +39,9 @@ class Plan:
         self.tactics = tuple(tactics)  # search.context.TacticRecord per gp.tactics entry, in order
         self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
         self._shardings = partitioned.shardings
-        self.fine, self.ctx, self.shaping = partitioned.fine, partitioned.ctx, partitioned.shaping
+        self.fine, self.shaping = partitioned.fine, partitioned.shaping
+        self.diagnostics = partitioned.diagnostics  # the partition pass's, then the boundary's notes
+        self.op_plans = partitioned.op_plans
         self.program = program  # the per-device program, collectives combined
         self.index = index  # partitioner/program_index.py: per equation its op, loop counts, collectives
         self._collectives = tuple(index.collectives)
@@ -85,25 +87,40 @@ class Plan:
         """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's
         layout): how an output leaves the program staged into a caller's trace."""
         if self._staged_out is None:
-            self._staged_out = tuple(staged_sharding(self, d, f"output {i} {v.type_str}")
-                                     for i, (v, d) in enumerate(zip(self.graph.outputs, self._out_fdims)))
+            self._staged_out = tuple(staged_sharding(self, d) for d in self._out_fdims)
         return self._staged_out
+
+    @property
+    def ctx(self):
+        """The partition pass's diagnostics (``self.diagnostics``), under the name plans had for them before."""
+        return self.diagnostics
+
+    def local_shape(self, shape, dims) -> tuple[int, ...]:
+        """The per-device shape of a value of global ``shape`` sharded as ``dims`` (fine axes per dim)."""
+        return local_shape(shape, dims, self.fine.size_of)
+
+    def shards(self, axes) -> int:
+        """How many shards the fine mesh ``axes`` make."""
+        return shards(self.fine.size_of, axes)
+
+    def note(self, text: str) -> None:
+        self.diagnostics = self.diagnostics.with_notes(text)
 
     def _build(self, in_dims, out_dims) -> None:
         """The executable: the boundary specs and shapes, the jit of the program, traced once."""
-        g, ctx = self.graph, self.ctx
+        g = self.graph
         self.jax_mesh = self.fine.jax_mesh()
         spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
         # a zero-size value holds no data: it crosses the boundary replicated (see _jit_program)
         self.in_specs = tuple(spec(d if v.size else ((),) * v.rank) for v, d in zip(g.inputs, in_dims))
-        self._out_fdims = [boundary_out_dims(ctx, v.shape, d) for v, d in zip(g.outputs, out_dims)]
+        self._out_fdims = [boundary_out_dims(self.fine.size_of, v.shape, d) for v, d in zip(g.outputs, out_dims)]
         self.out_specs = tuple(spec(d) for d in self._out_fdims)
-        self.padded_in_shapes = [tuple(ceil_div(n, ctx.k(a)) * ctx.k(a) if a else n for n, a in zip(v.shape, d))
+        self.padded_in_shapes = [tuple(ceil_div(n, self.shards(a)) * self.shards(a) if a else n for n, a in zip(v.shape, d))
                                  for v, d in zip(g.inputs, in_dims)]
         # outputs over the user's mesh where the layout can be said there (layout.py); same devices, no copy
         self.out_jax_shardings = None if self.mesh.is_abstract else tuple(
-            boundary_sharding(self, d, f"output {i} {v.type_str}")
-            for i, (v, d) in enumerate(zip(g.outputs, self._out_fdims)))
+            boundary_sharding(self, d) for d in self._out_fdims)
+        self.diagnostics = self.diagnostics.with_notes(*layout_notes(self))
         self._jitted = _jit_program(self, in_dims)
         avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
         self._traced = self._jitted.trace(*avals)
@@ -147,7 +164,7 @@ class Plan:
 
     @property
     def fallbacks(self):
-        return list(self.ctx.fallbacks)
+        return list(self.diagnostics.fallbacks)
 
     def explain(self, name: str) -> str:
         return self.prop.explain(self._value(name), name)
@@ -207,8 +224,8 @@ class Plan:
         return self.boundary.place(leaves)
 
     def run(self, leaves):
-        if self.ctx.host_calls:  # waited for, so that a failed callback is raised here, as itself
-            with raise_failures(self.ctx.host_calls, self.fn_name):
+        if self.diagnostics.host_calls:  # waited for, so that a failed callback is raised here, as itself
+            with raise_failures(self.diagnostics.host_calls, self.fn_name):
                 outs = jax.block_until_ready(self.boundary.call(self._compiled or self.compiled(), leaves))
         else:
             outs = self.boundary.call(self._compiled or self.compiled(), leaves)
@@ -230,12 +247,12 @@ def _jit_program(plan: Plan, in_dims):
 
         f(x f32[0,4] over P("x", None), w f32[8,4])  ->  shard_map(program(empty, w_local))
     """
-    g, ctx = plan.graph, plan.ctx
+    g = plan.graph
     in_specs, out_specs = plan.in_specs, plan.out_specs
     run = _staged_call(plan.program)
     live_in = [i for i, v in enumerate(g.inputs) if v.size]
     live_out = [j for j, v in enumerate(g.outputs) if v.size]
-    empty_in = {i: jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype)
+    empty_in = {i: jax.ShapeDtypeStruct(plan.local_shape(v.shape, d), v.dtype)
                 for i, (v, d) in enumerate(zip(g.inputs, in_dims)) if not v.size}
 
     def local(*xs):

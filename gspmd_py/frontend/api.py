@@ -66,8 +66,7 @@ class _Entry:
             if plan.mesh.is_abstract:
                 raise ShardingError(f"{plan.mesh} is abstract: {plan.fn_name} can be planned and lowered "
                                     f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
-            in_sh = tuple(staged_sharding(plan, even_dims(plan, v.shape, plan.fine_dims(v)), f"argument {n}")[0]
-                          for v, n in zip(g.inputs, plan.in_names))
+            in_sh = tuple(staged_sharding(plan, even_dims(plan, v.shape, plan.fine_dims(v)))[0] for v in g.inputs)
             out_sh = tuple(s for s, _ in staged_out_shardings(plan))
             jaxpr, params = self.jaxpr, self.params
             self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,

@@ -76,7 +76,7 @@ def pure_callback(ctx: Ctx, op, rule, plan, args):
     say_if_sharded(ctx, op, "called once, by the first device, with whole values")
     avals = tuple(op.params["result_avals"])
     call = HostCall(op.params["callback"], avals, f"jax.pure_callback at {op.source or 'op %d' % op.id}")
-    ctx.host_calls.append(call)
+    ctx.host_call(call)
     params = dict(op.params, callback=call, result_avals=avals + (jax.core.ShapedArray((), jnp.int32),))
     axes = ctx.fine.names
     first = ctx.index(axes) == 0 if axes else jnp.bool_(True)
@@ -102,7 +102,7 @@ def host_callback(ctx: Ctx, op, rule, plan, args):
     arrive replicated); its failure flag is broadcast and checked on every device."""
     what = "jax.debug.print" if op.prim == "debug_print" else "jax.debug.callback"
     call = HostCall(_flat(op), (), f"{what} at {op.source or 'op %d' % op.id}")
-    ctx.host_calls.append(call)
+    ctx.host_call(call)
     axes = ctx.fine.names
     first = ctx.index(axes) == 0 if axes else jnp.bool_(True)
     flag = jax.ShapeDtypeStruct((), jnp.int32)

@@ -69,11 +69,8 @@ def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
     refs = [a for s in shardings.values() for a in s.used_axes]
     refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
     fine = FineMesh.build(mesh, refs)
-    ctx = Ctx(fine)
     fd = {vid: fine.fine_dims(s.dims) for vid, s in shardings.items()}
-    ctx.want = fd
-    ctx.rules = prop.rules
-    ctx.plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
+    ctx = Ctx(fine, want=fd, rules=prop.rules, plans={i: fine_plan(fine, p) for i, p in prop.projections.items()})
     in_dims = [fd[v.id] for v in graph.inputs]
     out_dims = [fd[v.id] for v in graph.outputs]
     with outside_user_mesh(), own_mesh():
