@@ -33,7 +33,7 @@ from .frontend.annotate import annotate_p
 from .frontend.constraints import outside_user_mesh
 from .errors import AnnotationError
 from .ir import Graph, Op, Value
-from .runtime.layout import own_mesh
+from .runtime.layout import layout_notes, own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
 from .partitioner.context import Ctx
@@ -216,9 +216,11 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     def build(shaping: Shaping) -> Plan:
         part = partition(seeded.graph, mesh, prop, shaping, name=name)
         program = combine(part.program, threshold, part.fine)
-        return Plan(name, mesh, seeded.graph, prop, part, program, index(program, part.fine, seeded.graph),
-                    in_tree=in_tree, out_tree=out_tree, in_names=in_names, donate_argnums=tuple(donate_argnums),
+        plan = Plan(name, mesh, seeded.graph, prop, part.fine, part.shaping, part.diagnostics, program,
+                    index(program, part.fine, seeded.graph), part.in_dims, part.out_dims, part.op_plans,
+                    part.shardings, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
                     combine_threshold_bytes=threshold, tactics=seeded.tactics)
+        return plan.with_notes(*layout_notes(plan))  # what the boundary does to layouts the user's mesh cannot say
 
     with outside_user_mesh(), own_mesh():
         plan = build(shaping)
@@ -236,12 +238,10 @@ def _cheaper_without_matmul(plan: Plan, build) -> Plan:
     t, t_alt = plan.cost(hw, overlap=True).step_s, alt.cost(hw, overlap=True).step_s
     n = sum(s.kind == "matmul" for s in plan.diagnostics.shaped)
     if t_alt <= t:
-        alt.note(f"collective matmul of {n} dot(s) not used: the program's overlapped step on {hw.name} "
-                 f"is {t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
-        return alt
-    plan.note(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
-              f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
-    return plan
+        return alt.with_notes(f"collective matmul of {n} dot(s) not used: the program's overlapped step on "
+                              f"{hw.name} is {t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
+    return plan.with_notes(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
+                           f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
 
 
 def _drop_input_annotations(graph: Graph, in_dims: Sequence[Optional[Dims]]) -> None:

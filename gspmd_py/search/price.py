@@ -64,7 +64,7 @@ def fingerprint(prop: Propagation, graph: Graph) -> tuple:
 def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
                        combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> _Program:
     """The partitioner's per-device program for these shardings, traced to a jaxpr (as
-    ``Plan._build`` does, without the jit around it)."""
+    ``compiler.partition`` does, without the jit around it)."""
     shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
     refs = [a for s in shardings.values() for a in s.used_axes]
     refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
