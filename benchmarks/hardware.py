@@ -51,7 +51,7 @@ def _us(s: float) -> str:
 
 def _shaped_summary(plan) -> str:
     kinds = []
-    for s in plan.ctx.shaped:
+    for s in plan.diagnostics.shaped:
         kinds.append("hier" if s.what.startswith(("all-reduce", "reduce-scatter")) else "cm")
     return ", ".join(f"{k} x{kinds.count(k)}" for k in sorted(set(kinds))) or "-"
 

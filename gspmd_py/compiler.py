@@ -41,7 +41,7 @@ the tactics add theirs; all at the user's priority 0, as gp.annotate's default.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import attrs
 import jax
@@ -50,13 +50,14 @@ from jax.extend.core import ClosedJaxpr
 from .frontend.constraints import outside_user_mesh
 from .errors import AnnotationError
 from .ir import Graph, Value
-from .runtime.layout import own_mesh
+from .runtime.layout import layout_notes, own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
 from .partitioner.context import Ctx
+from .partitioner.diagnostics import Diagnostics
 from .partitioner.fine_mesh import FineMesh
 from .partitioner.hierarchy import link_refs
-from .partitioner.program import build_body, fine_plan, op_label, warn_fallbacks
+from .partitioner.program import OpPlan, build_body, fine_plan, op_label, warn_fallbacks
 from .partitioner.pvalue import FineDims
 from .partitioner.program_index import ProgramIndex
 from .partitioner.shaping import Shaping
@@ -87,20 +88,21 @@ class Seeded:
 class Partitioned:
     """The per-device program of a propagated graph (before the combiner) and its diagnostics.
 
-    ``ctx``: the partitioner's record of the build (notes, fallbacks, host calls, shaped
-    collectives, what the program holds per value); ``shardings``: value id -> Sharding;
-    ``in_dims`` / ``out_dims``: the inputs' and outputs' shardings over the fine mesh."""
+    ``diagnostics``: what the partitioner found while it built the program (notes,
+    fallbacks, host calls, shaped collectives, what the program holds per value: a value,
+    partitioner/diagnostics.py); ``shardings``: value id -> Sharding; ``in_dims`` /
+    ``out_dims``: the inputs' and outputs' shardings over the fine mesh; ``op_plans``: op
+    id -> the projection the partitioner executed, in fine axes; ``shaping``: how its
+    collectives were shaped for a hardware."""
 
     fine: FineMesh
-    ctx: Ctx
-    shardings: dict[int, Sharding]
+    shaping: Shaping
+    diagnostics: Diagnostics
+    shardings: Mapping[int, Sharding]
     in_dims: tuple[FineDims, ...]
     out_dims: tuple[FineDims, ...]
     program: ClosedJaxpr
-
-    @property
-    def shaping(self) -> Shaping:
-        return self.ctx.shaping
+    op_plans: Mapping[int, OpPlan]
 
     @property
     def axis_env(self) -> list[tuple[str, int]]:
@@ -181,17 +183,15 @@ def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Sh
     if shaping.hardware is not None:  # mesh axes crossing a node boundary, split there (hierarchy.py)
         refs += link_refs(mesh, shaping.hardware, refs)
     fine = FineMesh.build(mesh, refs)
-    ctx = Ctx(fine, shaping)
     fdims = lambda v: fine.fine_dims(shardings[v.id].dims)
     in_dims = tuple(fdims(v) for v in graph.inputs)
     out_dims = tuple(fdims(v) for v in graph.outputs)
-    ctx.want = {v.id: fdims(v) for v in graph.all_values()}
-    ctx.rules = prop.rules
-    ctx.plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
+    plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
+    ctx = Ctx(fine, shaping, want={v.id: fdims(v) for v in graph.all_values()}, rules=prop.rules, plans=plans)
     body = build_body(graph, ctx, in_dims, out_dims)
     local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(graph.inputs, in_dims)]
     program = jax.make_jaxpr(body, axis_env=list(zip(fine.names, fine.sizes)))(*local)
-    return Partitioned(fine, ctx, shardings, in_dims, out_dims, program)
+    return Partitioned(fine, shaping, ctx.diagnostics(), shardings, in_dims, out_dims, program, plans)
 
 
 def combine(idx: ProgramIndex, threshold_bytes: int, fine: FineMesh) -> ClosedJaxpr:
@@ -239,15 +239,17 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         part = partition(seeded.graph, mesh, prop, shaping, name=name)
         raw = index(part.program, part.fine, seeded.graph)
         program = combine(raw, threshold, part.fine)
-        return Plan(name, mesh, seeded.graph, prop, part, program, reindex(raw, program, part.fine, seeded.graph),
-                    in_tree=in_tree, out_tree=out_tree, in_names=in_names, donate_argnums=tuple(donate_argnums),
+        plan = Plan(name, mesh, seeded.graph, prop, part.fine, part.shaping, part.diagnostics, program,
+                    reindex(raw, program, part.fine, seeded.graph), part.in_dims, part.out_dims, part.op_plans,
+                    part.shardings, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
                     combine_threshold_bytes=threshold, tactics=seeded.tactics)
+        return plan.with_notes(*layout_notes(plan))  # what the boundary does to layouts the user's mesh cannot say
 
     with outside_user_mesh(), own_mesh():
         plan = build(shaping)
-        if shaping.decides_matmul and any(s.kind == "matmul" for s in plan.ctx.shaped):
+        if shaping.decides_matmul and any(s.kind == "matmul" for s in plan.diagnostics.shaped):
             plan = _cheaper_without_matmul(plan, build)
-    warn_fallbacks(plan.ctx)
+    warn_fallbacks(plan.diagnostics)
     return plan
 
 
@@ -257,14 +259,12 @@ def _cheaper_without_matmul(plan: Plan, build) -> Plan:
     hw = plan.shaping.hardware
     alt = build(attrs.evolve(plan.shaping, matmul=False))
     t, t_alt = plan.cost(hw, overlap=True).step_s, alt.cost(hw, overlap=True).step_s
-    n = sum(s.kind == "matmul" for s in plan.ctx.shaped)
+    n = sum(s.kind == "matmul" for s in plan.diagnostics.shaped)
     if t_alt <= t:
-        alt.ctx.notes.append(f"collective matmul of {n} dot(s) not used: the program's overlapped step on {hw.name} "
-                             f"is {t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
-        return alt
-    plan.ctx.notes.append(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
-                          f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
-    return plan
+        return alt.with_notes(f"collective matmul of {n} dot(s) not used: the program's overlapped step on "
+                              f"{hw.name} is {t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
+    return plan.with_notes(f"collective matmul of {n} dot(s): the program's overlapped step on {hw.name} is "
+                           f"{t * 1e6:.1f} us with it, {t_alt * 1e6:.1f} us without")
 
 
 def check_tag_names(graph: Graph, fn_name: str) -> None:

@@ -1,56 +1,75 @@
-"""A Plan: everything gspmd_py decided for one function and one set of input shapes.
+"""A Plan: everything gspmd_py decided for one function and one set of input shapes, as a value.
 
     plan = f.plan(x, w)          # compiler.py's passes: trace -> ... -> index; runs nothing
     plan.sharding_of("hidden"), plan.collectives, plan.report(), plan.spmd_text()
+
+A Plan is immutable (a frozen attrs class: setting an attribute raises). Its fields are the
+passes' results; what is derived from them (the boundary's specs and shapes, the JAX mesh)
+is computed on first use and kept. Running it is a separate object, ``plan.executable``
+(runtime/executable.py: the jit, its trace and compilation, placement, the call), built on
+first use, once; ``plan.compiled()``, ``plan.lower_text()``, ``plan.run(...)``,
+``plan.place(...)``, ``plan.jitted``, ``plan.traced``, ``plan.boundary`` delegate to it.
+A note added after the build makes a new plan (``with_notes``).
 """
 from __future__ import annotations
 
+import functools
+from typing import Any, Mapping
+
+import attrs
 import jax
-import jax.numpy as jnp
-from jax.extend.core import jaxpr_as_fun
-from jax.extend.core.primitives import jit_p
-from jax.sharding import NamedSharding
+from jax.extend.core import ClosedJaxpr
 from jax.sharding import PartitionSpec as JP
 
-from .runtime.boundary import Boundary
 from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
-from .runtime.layout import boundary_sharding, staged_sharding
 from .mesh import Mesh
-from .partitioner.context import Collective
-from .partitioner.host_calls import raise_failures
-from .partitioner.program import boundary_out_dims
 from .partitioner.combine import DEFAULT_THRESHOLD_BYTES
-from .partitioner.pvalue import FineDims, ceil_div
+from .partitioner.context import Collective
+from .partitioner.diagnostics import Diagnostics, Fallback
+from .partitioner.fine_mesh import FineMesh
+from .partitioner.program import OpPlan, boundary_out_dims
+from .partitioner.program_index import ProgramIndex
+from .partitioner.pvalue import FineDims, ceil_div, local_shape, shards
+from .partitioner.shaping import Shaping
 from .propagation import Propagation
+from .runtime.layout import fine_spec
 from .sharding import Sharding
 
 
+@attrs.frozen(slots=False, eq=False, repr=False)
 class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes (built by
-    compiler.plan_jaxpr from its passes' results)."""
+    compiler.plan_jaxpr from its passes' results; see the module doc)."""
 
-    def __init__(self, fn_name: str, mesh: Mesh, graph: Graph, prop: Propagation, partitioned, program,
-                 index, *, in_tree, out_tree, in_names: list[str], donate_argnums: tuple[int, ...] = (),
-                 combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, tactics: tuple = ()):
-        self.fn_name, self.mesh, self.graph, self.prop = fn_name, mesh, graph, prop
-        self.donate_argnums = tuple(donate_argnums)  # flat input indices, passed to jax.jit
-        self.combine_threshold_bytes = combine_threshold_bytes
-        self.tactics = tuple(tactics)  # search.context.TacticRecord per gp.tactics entry, in order
-        self._in_tree, self._out_tree, self._in_names = in_tree, out_tree, in_names
-        self._shardings = partitioned.shardings
-        self.fine, self.ctx, self.shaping = partitioned.fine, partitioned.ctx, partitioned.shaping
-        self.program = program  # the per-device program, collectives combined
-        self.index = index  # partitioner/program_index.py: per equation its op, loop counts, collectives
-        self._collectives = tuple(index.collectives)
-        self._build(partitioned.in_dims, partitioned.out_dims)
+    fn_name: str
+    mesh: Mesh
+    graph: Graph  # the traced and seeded IR
+    prop: Propagation  # a sharding per value, a projection per op; provenance for explain
+    fine: FineMesh  # the execution mesh: the mesh's axes split where the plan uses sub-axes
+    shaping: Shaping  # collectives shaped for a hardware (Shaping(): none)
+    diagnostics: Diagnostics  # the partition pass's notes, fallbacks, host calls..., then the boundary's notes
+    program: ClosedJaxpr  # the per-device program, collectives combined
+    index: ProgramIndex  # per equation its op, loop counts, collectives
+    in_dims: tuple[FineDims, ...]  # the inputs' shardings over the fine mesh
+    out_dims: tuple[FineDims, ...]  # the outputs' shardings over the fine mesh (uneven ones as planned)
+    op_plans: Mapping[int, OpPlan]  # op id -> the projection the partitioner executed, in fine axes
+    _shardings: Mapping[int, Sharding]  # value id -> Sharding
+    in_tree: Any  # the pytree structure of the inputs (flat leaves: in_names)
+    out_tree: Any  # ... and of the outputs
+    in_names: tuple[str, ...] = attrs.field(converter=tuple)  # ``arg0``, ``arg1['w']``..., one per flat input
+    donate_argnums: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # flat input indices
+    combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
+    tactics: tuple = attrs.field(default=(), converter=tuple)  # search.context.TacticRecord per gp.tactics entry
+
+    def __repr__(self) -> str:
+        return f"<Plan of {self.fn_name} on {self.mesh}>"
+
+    def with_notes(self, *notes: str) -> "Plan":
+        """This plan with ``notes`` added to its diagnostics (a new plan; self is unchanged)."""
+        return attrs.evolve(self, diagnostics=self.diagnostics.with_notes(*notes)) if notes else self
 
     # -- what the views, the boundary and the primitive read -------------------------
-    @property
-    def in_names(self) -> tuple[str, ...]:
-        """The inputs' names (``arg0``, ``arg1['w']``...), one per flat input."""
-        return tuple(self._in_names)
-
     def sharding(self, v: Value) -> Sharding:
         """The sharding propagation chose for value ``v`` of ``self.graph``."""
         return self._shardings[v.id]
@@ -59,57 +78,99 @@ class Plan:
         """``v``'s sharding over the fine mesh (per dim its fine mesh axes)."""
         return self.fine.fine_dims(self._shardings[v.id].dims)
 
+    def local_shape(self, shape, dims) -> tuple[int, ...]:
+        """The per-device shape of a value of global ``shape`` sharded as ``dims`` (fine axes per dim)."""
+        return local_shape(shape, dims, self.fine.size_of)
+
+    def shards(self, axes) -> int:
+        """How many shards the fine mesh ``axes`` make."""
+        return shards(self.fine.size_of, axes)
+
     @property
+    def ctx(self) -> Diagnostics:
+        """``self.diagnostics``, under the name plans had for the partitioner's record before."""
+        return self.diagnostics
+
+    @property
+    def fallbacks(self) -> list[Fallback]:
+        return list(self.diagnostics.fallbacks)
+
+    @property
+    def collectives(self) -> list[Collective]:
+        return list(self.index.collectives)
+
+    @functools.cached_property
     def out_fine_dims(self) -> tuple[FineDims, ...]:
         """The outputs' layouts as the program returns them (an uneven output's, evened)."""
-        return tuple(self._out_fdims)
+        return tuple(boundary_out_dims(self.fine.size_of, v.shape, d) for v, d in zip(self.graph.outputs, self.out_dims))
+
+    @functools.cached_property
+    def in_specs(self) -> tuple[JP, ...]:
+        """The inputs' PartitionSpecs over the fine mesh (a zero-size input crosses replicated:
+        runtime/executable.py's jit_program)."""
+        return tuple(fine_spec(d if v.size else ((),) * v.rank) for v, d in zip(self.graph.inputs, self.in_dims))
+
+    @functools.cached_property
+    def out_specs(self) -> tuple[JP, ...]:
+        """The outputs' PartitionSpecs over the fine mesh, as the program returns them."""
+        return tuple(fine_spec(d) for d in self.out_fine_dims)
+
+    @functools.cached_property
+    def padded_in_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The inputs' global shapes as the program takes them: uneven dims padded to whole shards."""
+        return tuple(tuple(ceil_div(n, self.shards(a)) * self.shards(a) if a else n for n, a in zip(v.shape, d))
+                     for v, d in zip(self.graph.inputs, self.in_dims))
+
+    @functools.cached_property
+    def jax_mesh(self):
+        """The JAX mesh the program runs on (the fine mesh's axes; abstract for an abstract mesh)."""
+        return self.fine.jax_mesh()
+
+    # -- running it: the executable (runtime/executable.py) ------------------------------
+    @functools.cached_property
+    def executable(self):
+        """How this plan runs (runtime/executable.py's Executable), built on first use."""
+        from .runtime.executable import Executable
+
+        return Executable(self)
 
     @property
     def jitted(self):
         """The ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
-        return self._jitted
+        return self.executable.jitted
 
     @property
     def traced(self):
         """``self.jitted`` traced once at the padded input shapes (``jax.stages.Traced``)."""
-        return self._traced
+        return self.executable.traced
 
     @property
     def boundary(self):
-        """How arguments enter the program (boundary.Boundary), built on first use."""
-        if self._boundary is None:
-            self._boundary = Boundary.of(self)
-        return self._boundary
+        """How arguments enter the program (boundary.Boundary)."""
+        return self.executable.boundary
+
+    @property
+    def out_jax_shardings(self):
+        """The outputs' NamedShardings (over the user's mesh where it can say them); None on an abstract mesh."""
+        return self.executable.out_shardings
 
     def staged_out_shardings(self) -> tuple:
         """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's
         layout): how an output leaves the program staged into a caller's trace."""
-        if self._staged_out is None:
-            self._staged_out = tuple(staged_sharding(self, d, f"output {i} {v.type_str}")
-                                     for i, (v, d) in enumerate(zip(self.graph.outputs, self._out_fdims)))
-        return self._staged_out
+        return self.executable.staged_out_shardings()
 
-    def _build(self, in_dims, out_dims) -> None:
-        """The executable: the boundary specs and shapes, the jit of the program, traced once."""
-        g, ctx = self.graph, self.ctx
-        self.jax_mesh = self.fine.jax_mesh()
-        spec = lambda dims: JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims])
-        # a zero-size value holds no data: it crosses the boundary replicated (see _jit_program)
-        self.in_specs = tuple(spec(d if v.size else ((),) * v.rank) for v, d in zip(g.inputs, in_dims))
-        self._out_fdims = [boundary_out_dims(ctx, v.shape, d) for v, d in zip(g.outputs, out_dims)]
-        self.out_specs = tuple(spec(d) for d in self._out_fdims)
-        self.padded_in_shapes = [tuple(ceil_div(n, ctx.k(a)) * ctx.k(a) if a else n for n, a in zip(v.shape, d))
-                                 for v, d in zip(g.inputs, in_dims)]
-        # outputs over the user's mesh where the layout can be said there (layout.py); same devices, no copy
-        self.out_jax_shardings = None if self.mesh.is_abstract else tuple(
-            boundary_sharding(self, d, f"output {i} {v.type_str}")
-            for i, (v, d) in enumerate(zip(g.outputs, self._out_fdims)))
-        self._jitted = _jit_program(self, in_dims)
-        avals = [jax.ShapeDtypeStruct(s, v.dtype) for s, v in zip(self.padded_in_shapes, g.inputs)]
-        self._traced = self._jitted.trace(*avals)
-        self._compiled = None
-        self._boundary = None
-        self._staged_out = None
+    def compiled(self):
+        return self.executable.compiled()
+
+    def lower_text(self) -> str:
+        """StableHLO of the SPMD program (works on abstract meshes too)."""
+        return self.executable.lower_text()
+
+    def place(self, leaves):
+        return self.executable.place(leaves)
+
+    def run(self, leaves):
+        return self.executable.run(leaves)
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
@@ -123,11 +184,11 @@ class Plan:
                                   f"gp.tag name")
         if found:
             return found[0]
-        if name in self._in_names:
-            return self.graph.inputs[self._in_names.index(name)]
+        if name in self.in_names:
+            return self.graph.inputs[self.in_names.index(name)]
         if name.startswith("out") and name[3:].isdigit() and int(name[3:]) < len(self.graph.outputs):
             return self.graph.outputs[int(name[3:])]
-        known = sorted({v.name for v in self.graph.values() if v.name} | set(self._in_names))
+        known = sorted({v.name for v in self.graph.values() if v.name} | set(self.in_names))
         raise ShardingError(f"no value named {name!r} in {self.fn_name}; named values: {known} (and out0, out1, ...)")
 
     def sharding_of(self, name: str) -> Sharding:
@@ -135,19 +196,11 @@ class Plan:
 
     @property
     def in_shardings(self):
-        return jax.tree_util.tree_unflatten(self._in_tree, [self._shardings[v.id] for v in self.graph.inputs])
+        return jax.tree_util.tree_unflatten(self.in_tree, [self._shardings[v.id] for v in self.graph.inputs])
 
     @property
     def out_shardings(self):
-        return jax.tree_util.tree_unflatten(self._out_tree, [self._shardings[v.id] for v in self.graph.outputs])
-
-    @property
-    def collectives(self) -> list[Collective]:
-        return list(self._collectives)
-
-    @property
-    def fallbacks(self):
-        return list(self.ctx.fallbacks)
+        return jax.tree_util.tree_unflatten(self.out_tree, [self._shardings[v.id] for v in self.graph.outputs])
 
     def explain(self, name: str) -> str:
         return self.prop.explain(self._value(name), name)
@@ -155,10 +208,6 @@ class Plan:
     def spmd_text(self) -> str:
         """The per-device program (the body of the shard_map), as a jaxpr."""
         return str(self.program)
-
-    def lower_text(self) -> str:
-        """StableHLO of the SPMD program (works on abstract meshes too)."""
-        return self._traced.lower(lowering_platforms=("cpu",)).as_text()
 
     def cost(self, hardware, *, donate=None, overlap: bool = False, while_trips: int = 1):
         """Predicted step time, memory and traffic per device on ``hardware`` (a gp.Hardware):
@@ -194,86 +243,3 @@ class Plan:
         from .views.html import save_html
 
         return save_html(self, path)
-
-    # -- execution --------------------------------------------------------------------
-    def compiled(self):
-        if self.mesh.is_abstract:
-            raise ShardingError(f"{self.mesh} is abstract: it can be planned and lowered, not run")
-        if self._compiled is None:
-            self._compiled = self._traced.lower().compile()
-        return self._compiled
-
-    def place(self, leaves):
-        return self.boundary.place(leaves)
-
-    def run(self, leaves):
-        if self.ctx.host_calls:  # waited for, so that a failed callback is raised here, as itself
-            with raise_failures(self.ctx.host_calls, self.fn_name):
-                outs = jax.block_until_ready(self.boundary.call(self._compiled or self.compiled(), leaves))
-        else:
-            outs = self.boundary.call(self._compiled or self.compiled(), leaves)
-        return jax.tree_util.tree_unflatten(self._out_tree, outs)
-
-
-def _jit_program(plan: Plan, in_dims):
-    """jax.jit of the shard_map of the per-device program, taking every padded input.
-
-    The jit names every input's and output's sharding: XLA drops the sharding of a
-    parameter the program does not read (a program that constant-folds, or a zero-size
-    input), and would then refuse the sharded argument at the call.
-
-    Zero-size arrays hold no data; XLA fails to lower one that enters a manual computation
-    and returns a zero-size output unsplit whatever its sharding. So they never cross the
-    shard_map boundary and travel replicated: a zero-size input is made inside as an empty
-    local array, a zero-size output outside as an empty global one (``jax.jit`` accepts and
-    returns them, so must we)::
-
-        f(x f32[0,4] over P("x", None), w f32[8,4])  ->  shard_map(program(empty, w_local))
-    """
-    g, ctx = plan.graph, plan.ctx
-    in_specs, out_specs = plan.in_specs, plan.out_specs
-    run = _staged_call(plan.program)
-    live_in = [i for i, v in enumerate(g.inputs) if v.size]
-    live_out = [j for j, v in enumerate(g.outputs) if v.size]
-    empty_in = {i: jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype)
-                for i, (v, d) in enumerate(zip(g.inputs, in_dims)) if not v.size}
-
-    def local(*xs):
-        it = iter(xs)
-        full = [jnp.zeros(empty_in[i].shape, empty_in[i].dtype) if i in empty_in else next(it)
-                for i in range(len(g.inputs))]
-        outs = run(*full)
-        return tuple(outs[j] for j in live_out)
-
-    smap = jax.shard_map(local, mesh=plan.jax_mesh, in_specs=tuple(in_specs[i] for i in live_in),
-                         out_specs=tuple(out_specs[j] for j in live_out), check_vma=False)
-
-    def program_fn(*xs):
-        got = iter(smap(*[xs[i] for i in live_in]) if live_out else ())
-        return tuple(next(got) if v.size else jnp.zeros(v.shape, v.dtype) for v in g.outputs)
-
-    jit_kw = {} if plan.out_jax_shardings is None else {
-        "out_shardings": plan.out_jax_shardings,  # and in_shardings, so that donated inputs can alias outputs
-        "in_shardings": tuple(NamedSharding(plan.jax_mesh, s) for s in in_specs)}
-    return jax.jit(program_fn, donate_argnums=plan.donate_argnums, **jit_kw)
-
-
-def _staged_call(program):
-    """The planned per-device program as a function that stages it as ONE jit eqn (inline=False:
-    XLA inlines the call when it compiles), not re-traced op by op as ``jaxpr_as_fun`` would:
-    for 96 transformer blocks that re-trace was ~10% of planning. The eqn's parameters are
-    copied from a trivial jit traced in the same context (its mesh), so no internal default
-    is spelled out here."""
-    n_in, n_out = len(program.in_avals), len(program.out_avals)
-    if n_in == 0:
-        return jaxpr_as_fun(program)
-
-    def run(*xs):
-        tmpl = jax.make_jaxpr(jax.jit(lambda a: a))(xs[0]).eqns[0].params
-        in_sh, in_lay = tmpl["in_shardings"][0], tmpl["in_layouts"][0]
-        params = dict(tmpl, jaxpr=program, in_shardings=(in_sh,) * n_in, out_shardings=(in_sh,) * n_out,
-                      in_layouts=(in_lay,) * n_in, out_layouts=(in_lay,) * n_out, donated_invars=(False,) * n_in,
-                      name="spmd_program", keep_unused=True, inline=False)
-        return jit_p.bind(*xs, **params)
-
-    return run

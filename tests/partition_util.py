@@ -296,7 +296,7 @@ def report_problems(plan) -> list[str]:
     from gspmd_py.views import report
 
     problems = []
-    held = plan.ctx.held
+    held = plan.diagnostics.held
     walked = list(plan.graph.inputs)
     for op in plan.graph.walk():
         walked += op.outputs
@@ -308,7 +308,7 @@ def report_problems(plan) -> list[str]:
             problems.append(f"%{v.id} {v.type_str}: the program never held it")
             continue
         dims = plan.fine_dims(v)
-        local = tuple(plan.ctx.local_shape(v.shape, dims))
+        local = tuple(plan.local_shape(v.shape, dims))
         if h.local_shape != local or h.dims != dims:
             problems.append(f"%{v.id} {v.type_str}: recorded {plan.sharding(v).shardy()} (local {list(local)}), "
                             f"the program holds {h.dims} (local {list(h.local_shape)})")

@@ -32,12 +32,10 @@ from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..errors import ArgumentError, ShardingError
 from ..compiler import Dims, plan_jaxpr
 from ..ir import Value
-from ..runtime.layout import even_dims, staged_sharding
 from ..mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
-from ..runtime.plancheck import check_same_program
-from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context, staged_out_shardings
+from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
 from .constraints import constraint_errors, tracing_mesh
 from .specs import spec_dims
 
@@ -56,13 +54,12 @@ class _Entry:
     def staged(self, leaves):
         """The plan staged into the caller's trace: a jit (the plan's shardings) of spmd_call."""
         if self._staged is None:
-            plan, g = self.plan, self.plan.graph
+            plan = self.plan
             if plan.mesh.is_abstract:
                 raise ShardingError(f"{plan.mesh} is abstract: {plan.fn_name} can be planned and lowered "
                                     f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
-            in_sh = tuple(staged_sharding(plan, even_dims(plan, v.shape, plan.fine_dims(v)), f"argument {n}")[0]
-                          for v, n in zip(g.inputs, plan.in_names))
-            out_sh = tuple(s for s, _ in staged_out_shardings(plan))
+            exe = plan.executable
+            in_sh, out_sh = exe.staged_in_shardings(), tuple(s for s, _ in exe.staged_out_shardings())
             jaxpr, params = self.jaxpr, self.params
             self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
                                    out_shardings=out_sh, donate_argnums=self.donate)
@@ -117,8 +114,9 @@ class Spmd:
             key, leaves, _ = call_key(args)
             e = self._fast.get(key)
             if e is not None:
-                check_same_program(e.plan)
-                return e.plan.run(leaves)
+                exe = e.plan.executable
+                exe.check_same_program()
+                return exe.run(leaves)
         call = self._sig.bind(args, kwargs)
         if call.traced and in_manual_context():
             raise ArgumentError(
@@ -128,10 +126,11 @@ class Spmd:
         entry = self._entry(call)
         if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
             return entry.staged(call.leaves)
-        check_same_program(entry.plan)  # multi-process runs only: every process planned this program
+        exe = entry.plan.executable
+        exe.check_same_program()  # multi-process runs only: every process planned this program
         if fast:
             self._fast.put(key, entry)  # (tracers never get here: their calls are staged above)
-        return entry.plan.run(call.leaves)
+        return exe.run(call.leaves)
 
     def from_local(self, *local_args, global_shapes=None):
         """Call with each process's own block of every argument (multi-process runs; see

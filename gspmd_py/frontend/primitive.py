@@ -187,8 +187,9 @@ def run_padded(plan, *xs):
         if tuple(x.shape) != tuple(shape):
             x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
         padded.append(x)
-    outs = list(plan.jitted(*padded))
-    for i, (s, moved) in enumerate(staged_out_shardings(plan)):
+    exe = plan.executable
+    outs = list(exe.jitted(*padded))
+    for i, (s, moved) in enumerate(exe.staged_out_shardings()):
         if moved:
             outs[i] = jax.lax.with_sharding_constraint(outs[i], s)
     return outs
@@ -196,7 +197,7 @@ def run_padded(plan, *xs):
 
 def staged_out_shardings(plan) -> list:
     """Per output of ``plan``: (user-mesh NamedSharding, whether it differs from the plan's layout)."""
-    return list(plan.staged_out_shardings())
+    return list(plan.executable.staged_out_shardings())
 
 
 def _lowering(ctx, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):

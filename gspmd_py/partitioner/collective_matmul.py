@@ -98,9 +98,7 @@ def _pays(ctx: Ctx, kind: str, coll_bytes: int, looped: int, dot: tuple[float, i
 
 
 def _record(ctx: Ctx, what: str, chosen: str, t: float, plain: float) -> None:
-    rec = Shaped(ctx.current_op, what, chosen, t, plain, "matmul")
-    if rec not in ctx.shaped:
-        ctx.shaped.append(rec)
+    ctx.record_shaped(Shaped(ctx.current_op, what, chosen, t, plain, "matmul"))
 
 
 def _dot(ctx: Ctx, op, xl, xr, partial: bool):

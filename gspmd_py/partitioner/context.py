@@ -1,24 +1,44 @@
 """What every handler uses while the SPMD program is built: device positions, masks of
-padding, and the collectives.
+padding, the collectives, and the build's state, in typed parts.
 
 All device-dependent quantities come from ``lax.axis_index`` inside the one SPMD program,
 so the program is the same whatever the number of devices. Collectives are only emitted
-here; what the program communicates is read back from the program itself (program_index.py),
-so re-tracing can never duplicate or lose a record.
+here; what the program communicates is read back from the program itself
+(program_index.py), so re-tracing can never duplicate or lose a record.
+
+A ``Ctx`` lives for one partition pass (``compiler.partition``) and never leaves it:
+
+* what it is given, fixed for the build: the fine mesh, the ``Shaping``, and propagation's
+  decisions (``want``: value id -> fine dims; ``rules``: op id -> OpRule; ``plans``: op id
+  -> OpPlan), all constructor arguments;
+* ``cache`` (``TraceCache``): what one trace scope computes once, in one typed dict per
+  kind (reshard results, all-reduced values, axis indices, collective results); a loop or
+  branch body gets a fresh one (``ctx.body_scope()``), so its tracers never leak out;
+* ``prices`` (``PriceMemo``): hierarchy.py's memo of collective prices (no tracers: kept
+  for the whole build);
+* ``op`` (``OpVisit``): the op being partitioned, its label (notes, fallbacks and shaped
+  collectives are attributed to it) and its operands before they were resharded (what a
+  replicated fallback judges by); set by the driver (``ctx.visit``, ``ctx.hand_over``);
+* ``found`` (``Findings``): notes, fallbacks, shaped collectives, host calls, what the
+  program holds per value, the operand shardings each handler got; appended to only
+  through Ctx's methods (``note``, ``fallback``, ``record_shaped``, ``host_call``, ``hold``,
+  ``hand_over``) and
+  frozen at the end into the pass's ``Diagnostics`` value (``ctx.diagnostics()``).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import contextlib
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import attrs
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .diagnostics import Diagnostics, Fallback, Held
 from .fine_mesh import FineMesh
 from .pvalue import FineDims, Partial, PValue, ceil_div, local_shape, shards
 from .shaping import Shaped, Shaping
-
 
 @attrs.frozen
 class Collective:
@@ -49,42 +69,119 @@ class Collective:
         return f"{self.kind}({','.join(self.axes)}) {self.bytes_per_device}B{extra}  <- {self.op}"
 
 
-@attrs.frozen
-class Held:
-    """What the traced per-device program holds for one IR value."""
-
-    local_shape: tuple[int, ...]  # the tracer's shape (uneven dims padded to whole shards)
-    dims: FineDims  # per dim its fine mesh axes
-    partial: Optional[Partial] = None  # not yet reduced over these axes (a deferred all-reduce)
+#: (value key, target dims, keep_partial) -> the resharded value
+ReshardKey = tuple[int, FineDims, bool]
+#: (kind, axes, dim, id of the operand) -> (the operand, the collective's result)
+CollectiveKey = tuple[str, tuple[str, ...], int, int]
 
 
 @attrs.define
-class Fallback:
-    op: str
-    reason: str
+class TraceCache:
+    """What one trace scope computes once (its values are tracers of that scope)."""
+
+    reshards: dict[ReshardKey, PValue] = attrs.Factory(dict)  # reshard.py: one reshard per (value, target)
+    reduced: dict[int, PValue] = attrs.Factory(dict)  # value key -> the value all-reduced whole
+    axis_index: dict[tuple[str, ...], Any] = attrs.Factory(dict)  # axes -> this device's linear index
+    collectives: dict[CollectiveKey, tuple[Any, Any]] = attrs.Factory(dict)  # see Ctx.all_gather
+
+
+@attrs.define
+class PriceMemo:
+    """hierarchy.py's memo of the hardware's answers, per fine axes (no tracers)."""
+
+    seconds: dict[tuple[str, tuple[str, ...], int], float] = attrs.Factory(dict)  # (kind, axes, bytes) -> s
+    spans_levels: dict[tuple[str, ...], bool] = attrs.Factory(dict)  # axes -> whether they cross a link level
+
+
+@attrs.frozen
+class OpVisit:
+    """The op being partitioned: its label, and its operands as they arrived (before resharding)."""
+
+    label: str = "boundary"
+    incoming: tuple[PValue, ...] = ()
+
+
+@attrs.define
+class Findings:
+    """The build's diagnostics while it runs (``freeze`` makes the pass's Diagnostics value)."""
+
+    notes: list[str] = attrs.Factory(list)
+    fallbacks: list[Fallback] = attrs.Factory(list)
+    shaped: list[Shaped] = attrs.Factory(list)
+    host_calls: list = attrs.Factory(list)  # host_calls.HostCall
+    held: dict[int, Held] = attrs.Factory(dict)
+    seen_operands: dict[int, tuple[FineDims, ...]] = attrs.Factory(dict)
+
+    def freeze(self) -> Diagnostics:
+        return Diagnostics(self.notes, self.fallbacks, self.shaped, self.host_calls, self.held, self.seen_operands)
 
 
 class Ctx:
-    def __init__(self, fine: FineMesh, shaping: Shaping = Shaping()):
+    """The partitioner's state for one build (see the module doc)."""
+
+    def __init__(self, fine: FineMesh, shaping: Shaping = Shaping(), *, want: Optional[Mapping[int, FineDims]] = None,
+                 rules: Optional[Mapping] = None, plans: Optional[Mapping] = None):
         self.fine = fine
         self.shaping = shaping  # collectives shaped for a hardware (shaping.py); Shaping(): today's program
-        self.shaped: list[Shaped] = []  # the collectives it shaped, for plan.report()
-        self.prices: dict = {}  # hierarchy.py's memo of collective prices
         self.sizes = fine.size_of
-        self.fallbacks: list[Fallback] = []
-        self.notes: list[str] = []
-        self.current_op = "boundary"
+        self.want: Mapping[int, FineDims] = want or {}  # value id -> the fine sharding propagation chose
+        self.rules: Mapping = rules or {}  # op id -> OpRule
+        self.plans: Mapping = plans or {}  # op id -> OpPlan (the op's projection in fine axes)
+        self.cache = TraceCache()
+        self.prices = PriceMemo()
+        self.op = OpVisit()
+        self.found = Findings()
         self._next_key = 0
-        self.reshard_cache: dict[tuple, PValue] = {}
-        self.want: dict[int, FineDims] = {}  # value id -> the fine sharding propagation chose
-        self.rules: dict = {}  # op id -> OpRule
-        self.plans: dict = {}  # op id -> OpPlan (the op's projection in fine axes)
-        self.seen_operands: dict[int, tuple[FineDims, ...]] = {}  # op id -> operand shardings the handler got
-        self.incoming: list[PValue] = []  # the current op's operands before they were resharded
-        self.host_calls: list = []  # host_calls.HostCall of each jax.pure_callback: failures, re-raised by Plan.run
-        # value id -> what the traced per-device program holds for it (local shape, dims, partial
-        # axes), loop and branch bodies included: what plan.report() must agree with
-        self.held: dict[int, Held] = {}
+
+    # -- the build's state -----------------------------------------------------------
+    @property
+    def current_op(self) -> str:
+        """The label of the op being partitioned ("boundary" outside every op)."""
+        return self.op.label
+
+    @contextlib.contextmanager
+    def visit(self, label: str) -> Iterator[None]:
+        """Partition the op labelled ``label`` inside this block (the outer op's visit resumes after)."""
+        outer, self.op = self.op, OpVisit(label)
+        try:
+            yield
+        finally:
+            self.op = outer
+
+    def hand_over(self, op_id: int, incoming: Sequence[PValue], got: Sequence[FineDims]) -> None:
+        """The driver hands op ``op_id``'s operands to its handler: ``got`` their shardings after
+        resharding (recorded), ``incoming`` the operands before (``op.incoming``)."""
+        self.found.seen_operands[op_id] = tuple(got)
+        self.op = attrs.evolve(self.op, incoming=tuple(incoming))
+
+    @contextlib.contextmanager
+    def body_scope(self) -> Iterator[None]:
+        """A fresh trace cache while a loop or branch body is traced: its tracers must not leak out."""
+        saved, self.cache = self.cache, TraceCache()
+        try:
+            yield
+        finally:
+            self.cache = saved
+
+    def diagnostics(self) -> Diagnostics:
+        """What the build found so far, as a value."""
+        return self.found.freeze()
+
+    def note(self, text: str) -> None:
+        """A note on the current op in ``plan.report()``: "<op label>: <text>"."""
+        self.found.notes.append(f"{self.op.label}: {text}")
+
+    def fallback(self, reason: str) -> None:
+        self.found.fallbacks.append(Fallback(self.op.label, reason))
+
+    def record_shaped(self, rec: Shaped) -> None:
+        """A collective shaped for the hardware (recorded once)."""
+        if rec not in self.found.shaped:
+            self.found.shaped.append(rec)
+
+    def host_call(self, call) -> None:
+        """A host callback of the program (host_calls.HostCall): its failures are re-raised after a run."""
+        self.found.host_calls.append(call)
 
     # -- values ------------------------------------------------------------------
     def pv(self, x, shape, dims: FineDims, partial: Optional[Partial] = None, dtype=None) -> PValue:
@@ -93,7 +190,7 @@ class Ctx:
 
     def hold(self, vid: int, pv: PValue) -> PValue:
         """Note what the program holds for value ``vid`` (its tracer's shape is the local shape)."""
-        self.held[vid] = Held(tuple(int(n) for n in pv.x.shape), pv.dims, pv.partial)
+        self.found.held[vid] = Held(tuple(int(n) for n in pv.x.shape), pv.dims, pv.partial)
         return pv
 
     def local_shape(self, shape, dims) -> tuple[int, ...]:
@@ -107,10 +204,10 @@ class Ctx:
         """This device's linear index over ``axes`` (major first); 0 for no axes."""
         if not axes:
             return jnp.int32(0)
-        key = ("axis_index", tuple(axes))  # computed once per trace scope (lives with the reshard cache)
-        hit = self.reshard_cache.get(key)
+        key = tuple(axes)  # computed once per trace scope
+        hit = self.cache.axis_index.get(key)
         if hit is None:
-            hit = self.reshard_cache[key] = lax.axis_index(tuple(axes)).astype(jnp.int32)
+            hit = self.cache.axis_index[key] = lax.axis_index(key).astype(jnp.int32)
         return hit
 
     def offset(self, n: int, axes: Sequence[str]):
@@ -141,25 +238,17 @@ class Ctx:
             x = jnp.where(v.reshape(shape), x, jnp.asarray(fill, dtype=x.dtype))
         return x
 
-    def fallback(self, reason: str) -> None:
-        self.fallbacks.append(Fallback(self.current_op, reason))
-
     # -- collectives -----------------------------------------------------------------
-    def _memo(self, key: tuple, x, make):
-        """One collective per (kind, operand, parameters): a second handler gathering the
-        same value (a pool and its gradient) reuses the first's result. The cache lives with
-        the reshard cache, so a loop body's tracers never leak out of it."""
-        key = (key, id(x))
-        hit = self.reshard_cache.get(key)
+    def all_gather(self, x, axes: Sequence[str], dim: int):
+        """One all-gather per (operand, axes, dim) in a trace scope: a second handler gathering
+        the same value (a pool and its gradient) reuses the first's result."""
+        key = ("all-gather", tuple(axes), dim, id(x))
+        hit = self.cache.collectives.get(key)
         if hit is not None and hit[0] is x:
             return hit[1]
-        out = make()
-        self.reshard_cache[key] = (x, out)
+        out = lax.all_gather(x, tuple(axes), axis=dim, tiled=True)
+        self.cache.collectives[key] = (x, out)
         return out
-
-    def all_gather(self, x, axes: Sequence[str], dim: int):
-        return self._memo(("all-gather", tuple(axes), dim), x,
-                          lambda: lax.all_gather(x, tuple(axes), axis=dim, tiled=True))
 
     def all_reduce(self, x, axes: Sequence[str], kind: str = "sum"):
         fn = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[kind]

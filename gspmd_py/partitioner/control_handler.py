@@ -29,22 +29,6 @@ from .registry import handler
 from .reshard import reshard
 
 
-class _BodyTrace:
-    """A fresh reshard cache while a body is traced: the body's tracers must not leak out."""
-
-    def __init__(self, ctx: Ctx):
-        self.ctx = ctx
-
-    def __enter__(self):
-        self.saved = self.ctx.reshard_cache
-        self.ctx.reshard_cache = {}
-        return self
-
-    def __exit__(self, *exc):
-        self.ctx.reshard_cache = self.saved
-        return False
-
-
 def _run(ctx: Ctx, graph, ins, keep: frozenset = frozenset()):
     from .program import run_graph  # the driver imports this module
 
@@ -82,7 +66,7 @@ def _scan(ctx: Ctx, op, plan, args):
                      + [v.id for v in body.outputs[ncar:]])  # ys may leave each iteration partial
 
     def step(carry, x):
-        with _BodyTrace(ctx):
+        with ctx.body_scope():
             params = body.inputs[nc:nc + ncar]
             ins = list(consts) + [ctx.pv(c, v.shape, d, p, v.dtype)
                                   for c, v, d, p in zip(carry, params, carry_dims, kept)]
@@ -192,13 +176,13 @@ def _while(ctx: Ctx, op, plan, args):
     carry_dims = list(plan.results)
 
     def cond_fn(carry):
-        with _BodyTrace(ctx):
+        with ctx.body_scope():
             ins = list(cconsts) + _pvs(ctx, carry, cond_g.inputs[cn:], c_in[cn:])
             (pred,) = _run(ctx, cond_g, ins)
             return reshard(ctx, pred, ()).x
 
     def body_fn(carry):
-        with _BodyTrace(ctx):
+        with ctx.body_scope():
             ins = list(bconsts) + _pvs(ctx, carry, body_g.inputs[bn:], b_in[bn:])
             outs = _run(ctx, body_g, ins)
             return [reshard(ctx, o, d).x for o, d in zip(outs, carry_dims)]
@@ -213,7 +197,7 @@ def _cond(ctx: Ctx, op, plan, args):
 
     def make(g, in_d):
         def branch(*locals_):
-            with _BodyTrace(ctx):
+            with ctx.body_scope():
                 outs = _run(ctx, g, _pvs(ctx, locals_, g.inputs, in_d))
                 return [reshard(ctx, o, d).x for o, d in zip(outs, want)]
         return branch

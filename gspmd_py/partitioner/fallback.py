@@ -14,7 +14,7 @@ from .registry import handler
 
 def say_if_sharded(ctx: Ctx, op, how: str) -> None:
     """Report the op as a replicated fallback when it moves or recomputes a sharded tensor."""
-    sharded_in = any(any(a.dims) or a.partial is not None for a in ctx.incoming)
+    sharded_in = any(any(a.dims) or a.partial is not None for a in ctx.op.incoming)
     sharded_out = any(any(ctx.want.get(v.id, ())) for v in op.outputs)
     if sharded_in or sharded_out:
         ctx.fallback(f"{op.prim} has no partitioned form: {how}")

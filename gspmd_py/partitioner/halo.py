@@ -280,9 +280,9 @@ def fetch_or_gather(ctx: Ctx, x, d: int, n: int, x_axes: Sequence[str], t_axes: 
     plan = plan_fetch(ctx, t_axes, n=n, c=c, a=a, S=S, whole=not x_axes, need_lo=need_lo, need_hi=need_hi)
     if not plan.whole:
         if too_costly(plan):
-            ctx.notes.append(f"{ctx.current_op}: {what or 'windowed dim'} of size {n} over {','.join(t_axes)}: "
-                             f"halo of {plan.moved_rows} rows in {len(plan.rounds)} permutes would move as much as "
-                             f"an all-gather; dim gathered whole, each device slices its window locally")
+            ctx.note(f"{what or 'windowed dim'} of size {n} over {','.join(t_axes)}: "
+                     f"halo of {plan.moved_rows} rows in {len(plan.rounds)} permutes would move as much as "
+                     f"an all-gather; dim gathered whole, each device slices its window locally")
             x = ctx.all_gather(x, t_axes, d)
             x = lax.slice_in_dim(x, 0, n, axis=d)
             plan = plan_fetch(ctx, t_axes, n=n, c=n, a=a, S=S, whole=True, need_lo=need_lo, need_hi=need_hi)

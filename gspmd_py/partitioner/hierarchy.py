@@ -104,18 +104,18 @@ class Synth:
         self.ctx, self.hw, self.mesh = ctx, ctx.shaping.hardware, ctx.fine.mesh
 
     def time(self, kind: str, axes: Sequence[str], nbytes: int) -> float:
-        key = ("price", kind, tuple(axes), int(nbytes))
-        hit = self.ctx.prices.get(key)
+        key, memo = (kind, tuple(axes), int(nbytes)), self.ctx.prices.seconds
+        hit = memo.get(key)
         if hit is None:
             refs = self.ctx.fine.coarse(axes)
-            hit = self.ctx.prices[key] = self.hw.collective_time(kind, int(nbytes), self.mesh, refs)
+            hit = memo[key] = self.hw.collective_time(kind, int(nbytes), self.mesh, refs)
         return hit
 
     def spans_levels(self, axes: Sequence[str]) -> bool:
-        key = ("flat", tuple(axes))
-        hit = self.ctx.prices.get(key)
+        key, memo = tuple(axes), self.ctx.prices.spans_levels
+        hit = memo.get(key)
         if hit is None:
-            hit = self.ctx.prices[key] = not self.hw.is_flat(self.mesh, self.ctx.fine.coarse(axes))
+            hit = memo[key] = not self.hw.is_flat(self.mesh, self.ctx.fine.coarse(axes))
         return hit
 
     def steps(self, phases, rest, nbytes: int, item: int) -> list[tuple[str, tuple[str, ...], int]]:
@@ -150,9 +150,7 @@ def _text(ctx, steps) -> str:
 
 
 def _record(ctx, what: str, chosen, priced_chosen: float, flat: float) -> None:
-    rec = Shaped(ctx.current_op, what, chosen, priced_chosen, flat)
-    if rec not in ctx.shaped:
-        ctx.shaped.append(rec)
+    ctx.record_shaped(Shaped(ctx.current_op, what, chosen, priced_chosen, flat))
 
 
 # -- emission ----------------------------------------------------------------------------------

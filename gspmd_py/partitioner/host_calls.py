@@ -15,7 +15,7 @@ effect (``jax.debug.callback``) so that it stays in the program.
 ``guarded`` runs the user's callback and catches what it raises (keeping it), so the first
 device still reaches the broadcast and no device waits in a collective for one that
 stopped (XLA aborts the process after 40 s then). Every device then fails at the same
-point, in ``check``, after the last collective of the op. ``Plan.run`` turns that into the
+point, in ``check``, after the last collective of the op. ``Executable.run`` turns that into the
 callback's own exception (``raise_failures``); staged into another jit (``jax.jit(f)``)
 the call fails with JAX's runtime error, whose message names the callback and its error.
 """
@@ -52,7 +52,7 @@ class HostCall:
         """On the first device: the callback's results and 0, or placeholders and 1 when it raised."""
         try:
             outs = list(self.callback(*args))
-        except BaseException as e:  # noqa: BLE001 - kept, and re-raised by Plan.run after the call
+        except BaseException as e:  # noqa: BLE001 - kept, and re-raised by Executable.run after the call
             if self.error is None:
                 self.error = e
             return [np.zeros(a.shape, a.dtype) for a in self.result_avals] + [np.int32(1)]
@@ -76,7 +76,7 @@ def pure_callback(ctx: Ctx, op, rule, plan, args):
     say_if_sharded(ctx, op, "called once, by the first device, with whole values")
     avals = tuple(op.params["result_avals"])
     call = HostCall(op.params["callback"], avals, f"jax.pure_callback at {op.source or 'op %d' % op.id}")
-    ctx.host_calls.append(call)
+    ctx.host_call(call)
     params = dict(op.params, callback=call, result_avals=avals + (jax.core.ShapedArray((), jnp.int32),))
     axes = ctx.fine.names
     first = ctx.index(axes) == 0 if axes else jnp.bool_(True)
@@ -102,7 +102,7 @@ def host_callback(ctx: Ctx, op, rule, plan, args):
     arrive replicated); its failure flag is broadcast and checked on every device."""
     what = "jax.debug.print" if op.prim == "debug_print" else "jax.debug.callback"
     call = HostCall(_flat(op), (), f"{what} at {op.source or 'op %d' % op.id}")
-    ctx.host_calls.append(call)
+    ctx.host_call(call)
     axes = ctx.fine.names
     first = ctx.index(axes) == 0 if axes else jnp.bool_(True)
     flag = jax.ShapeDtypeStruct((), jnp.int32)

@@ -22,7 +22,7 @@ the axes of their non-dividing dims dropped (the nearest sharding a jax.Array ca
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import attrs
 import jax
@@ -37,9 +37,10 @@ from ..ops.rule import NEED_REPLICATION, OpRule
 from ..propagation.projection import Projection
 from . import collective_matmul, registry
 from .context import Ctx
+from .diagnostics import Diagnostics
 from .fine_mesh import FineMesh
 from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept
-from .pvalue import FineDims, Partial, PValue
+from .pvalue import FineDims, Partial, PValue, shards
 from .reshard import reshard
 
 
@@ -78,12 +79,13 @@ def op_scope(op: Op) -> str:
     return f"op{op.id}"
 
 
-def boundary_out_dims(ctx: Ctx, shape, dims: FineDims) -> FineDims:
+def boundary_out_dims(sizes: Mapping[str, int], shape, dims: FineDims) -> FineDims:
     """Drop the axes of dims whose size they do not divide (jax.Arrays must divide evenly);
-    a zero-size output leaves replicated (it holds no data: plan.py's _jit_program)."""
+    a zero-size output leaves replicated (it holds no data: runtime/executable.py's jit_program).
+    ``sizes``: fine axis -> size."""
     if 0 in shape:
         return ((),) * len(shape)
-    return tuple(axes if not axes or n % ctx.k(axes) == 0 else () for n, axes in zip(shape, dims))
+    return tuple(axes if not axes or n % shards(sizes, axes) == 0 else () for n, axes in zip(shape, dims))
 
 
 def operand_target(rule: OpRule, i: int, arg: PValue, projected: FineDims) -> FineDims:
@@ -109,7 +111,7 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
         targets = [operand_target(rule, i, a, plan.operands[i]) for i, a in enumerate(args)]
         looped = collective_matmul.all_gather_dot(ctx, op, rule, plan, args, targets, reshard)
         if looped is not None:
-            ctx.seen_operands[op.id] = tuple(targets)
+            ctx.hand_over(op.id, args, targets)
             return looped
     modes, carried = carry_modes(op, args)
     xs = []
@@ -129,8 +131,7 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
         xs, done = _held_wide(ctx, op, plan, xs, modes, carried)
         if done is not None:
             return done
-    ctx.seen_operands[op.id] = tuple(x.dims for x in xs)
-    ctx.incoming = list(args)
+    ctx.hand_over(op.id, args, [x.dims for x in xs])
     results = registry.HANDLERS[rule.handler](ctx, op, rule, plan, xs)
     if carried is None:
         return results
@@ -165,8 +166,8 @@ def _note_forced_gathers(ctx: Ctx, rule: OpRule, i: int, a: PValue, target: Fine
     for d, (have, fs) in enumerate(zip(a.dims, rule.operands[i])):
         lost = [x for x in have if x not in target[d]]
         if lost and fs and all(rule.factors[f].kind == NEED_REPLICATION for f in fs):
-            ctx.notes.append(f"{ctx.current_op}: operand {i} dim {d} (size {a.shape[d]}) needs replication for "
-                             f"this op: sharded over {ctx.fine.label(lost)}, gathered whole")
+            ctx.note(f"operand {i} dim {d} (size {a.shape[d]}) needs replication for "
+                     f"this op: sharded over {ctx.fine.label(lost)}, gathered whole")
 
 
 def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset = frozenset()) -> list[PValue]:
@@ -191,16 +192,13 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset 
             env[v.id] = pv
         return pv
 
-    outer = ctx.current_op
     final = {v.id for v in graph.outputs} - keep  # a graph's outputs leave reduced, in their op's scope
     for op in graph.ops:
-        ctx.current_op = op_label(op)
-        with jax.named_scope(op_scope(op)):
+        with ctx.visit(op_label(op)), jax.named_scope(op_scope(op)):
             results = partition_op(ctx, op, ctx.rules[op.id], ctx.plans[op.id], [get(v) for v in op.inputs])
             for v, r in zip(op.outputs, results):
                 env[v.id] = ctx.hold(v.id, reshard(ctx, r, want.get(v.id, ((),) * v.rank),
                                                    keep_partial=v.id not in final))
-    ctx.current_op = outer
     return [get(v) for v in graph.outputs]
 
 
@@ -208,14 +206,12 @@ def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Se
     """The per-device function: local (padded) inputs -> local outputs."""
 
     def body(*xs):
-        ctx.current_op = "boundary"
         ins = [ctx.pv(x, v.shape, d, dtype=v.dtype) for v, x, d in zip(graph.inputs, xs, in_dims)]
         results = run_graph(ctx, graph, ins)
-        ctx.current_op = "boundary"
         outs = []
         with jax.named_scope("boundary"):
             for v, pv, d in zip(graph.outputs, results, out_dims):
-                pv = reshard(ctx, pv, boundary_out_dims(ctx, v.shape, d))
+                pv = reshard(ctx, pv, boundary_out_dims(ctx.sizes, v.shape, d))
                 x = pv.x
                 # cut the padding of dims that leave unsharded
                 for i, (n, axes) in enumerate(zip(v.shape, pv.dims)):
@@ -227,8 +223,8 @@ def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Se
     return body
 
 
-def warn_fallbacks(ctx: Ctx) -> None:
+def warn_fallbacks(diagnostics: Diagnostics) -> None:
     """A PartitionWarning per op that fell back replicated (attributed to the caller)."""
-    for fb in ctx.fallbacks:
+    for fb in diagnostics.fallbacks:
         warnings.warn(f"gspmd_py: involuntary full rematerialization at {fb.op}: {fb.reason}", PartitionWarning,
                       stacklevel=2)

@@ -52,7 +52,7 @@ def _partitionable(op) -> str:
 def partition_random_bits(ctx: Ctx, op, rule, plan, args):
     why = _partitionable(op)
     if why:
-        ctx.notes.append(f"{ctx.current_op}: {why}: drawn whole on every device")
+        ctx.note(f"{why}: drawn whole on every device")
         return replicated(ctx, op, rule, plan, args)
     key = args[0]
     shape, width = tuple(op.params["shape"]), op.params["bit_width"]

@@ -28,14 +28,14 @@ from .pvalue import FineDims, Partial, PValue, ceil_div
 def reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool = False) -> PValue:
     target = tuple(tuple(t) for t in target)
     key = (pv.key, target, keep_partial)
-    hit = ctx.reshard_cache.get(key)
+    hit = ctx.cache.reshards.get(key)
     if hit is not None:
         return hit
     if 0 in pv.shape:  # no data: any layout is an empty local array (XLA refuses empty collectives)
         out = ctx.pv(jnp.zeros(ctx.local_shape(pv.shape, target), pv.dtype), pv.shape, target, dtype=pv.dtype)
     else:
         out = _reshard(ctx, pv, target, keep_partial)
-    ctx.reshard_cache[key] = out
+    ctx.cache.reshards[key] = out
     return out
 
 
@@ -118,11 +118,9 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
 
 
 def _all_reduced(ctx: Ctx, pv: PValue) -> PValue:
-    key = (pv.key, "all-reduced")
-    hit = ctx.reshard_cache.get(key)
+    hit = ctx.cache.reduced.get(pv.key)
     if hit is None:
-        hit = reduce(ctx, pv)
-        ctx.reshard_cache[key] = hit
+        hit = ctx.cache.reduced[pv.key] = reduce(ctx, pv)
     return hit
 
 
@@ -203,7 +201,7 @@ def _gather(ctx: Ctx, x, n: int, have: Sequence[str], keep: Sequence[str], d: in
         x = ctx.all_gather(x, remove, d)
         return _trim(ctx, x, d, n, keep), tuple(keep)
     # non-canonical: gather the whole dim, then re-slice to `keep`
-    ctx.notes.append(f"{ctx.current_op}: uneven dim of size {n} regathered whole to re-tile over {keep}")
+    ctx.note(f"uneven dim of size {n} regathered whole to re-tile over {keep}")
     x = ctx.all_gather(x, tuple(have), d)
     x = pad_dim(x, d, n)
     x = _slice(ctx, x, n, (), keep, d)

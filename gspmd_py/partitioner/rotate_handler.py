@@ -35,8 +35,8 @@ def partition_rotate(ctx: Ctx, op, rule, plan, args):
         return [ctx.pv(jnp.roll(a.x, s, d), v.shape, a.dims, dtype=v.dtype)]
     k = ctx.k(axes)
     if n % k:
-        ctx.notes.append(f"{ctx.current_op}: uneven dim of size {n} over {ctx.fine.label(axes)} rotated whole "
-                         f"(gathered, rotated, re-sliced)")
+        ctx.note(f"uneven dim of size {n} over {ctx.fine.label(axes)} rotated whole "
+                 f"(gathered, rotated, re-sliced)")
         # (a partial operand stays partial: gathering, rolling and re-slicing are linear)
         whole = reshard(ctx, a, tuple(() if i == d else t for i, t in enumerate(a.dims)), keep_partial=True)
         rotated = ctx.pv(jnp.roll(whole.x, s, d), v.shape, whole.dims, dtype=v.dtype)

@@ -129,8 +129,8 @@ def partition_select_and_scatter_add(ctx: Ctx, op, rule, plan, args):
         plan = plan_fetch(ctx, axes, n=n_in, c=c, a=w, S=T, whole=False, need_lo=lo, need_hi=hi)
         gathered = too_costly(plan)
         if gathered:
-            ctx.notes.append(f"{ctx.current_op}: select_and_scatter_add dim {d}: halo would move as much as an "
-                             f"all-gather; operand gathered whole, result reduce-scattered")
+            ctx.note(f"select_and_scatter_add dim {d}: halo would move as much as an "
+                     f"all-gather; operand gathered whole, result reduce-scattered")
             xw = lax.slice_in_dim(ctx.all_gather(x, axes, d), 0, n_in, axis=d)
             plan = plan_fetch(ctx, axes, n=n_in, c=n_in, a=w, S=T, whole=True, need_lo=lo, need_hi=hi)
             x = gather(ctx, plan, xw, d, fill)
@@ -310,8 +310,8 @@ def partition_dynamic_slice(ctx: Ctx, op, rule, plan, args):
             x = lax.dynamic_slice_in_dim(x, starts[d], m, axis=d)
     p = Partial(tuple(contrib), "pick") if contrib else None
     if contrib:
-        ctx.notes.append(f"{ctx.current_op}: dynamic_slice of a sharded dim: each device contributes the rows it "
-                         f"holds (partial sums over {ctx.fine.label(contrib)}), no all-gather")
+        ctx.note(f"dynamic_slice of a sharded dim: each device contributes the rows it "
+                 f"holds (partial sums over {ctx.fine.label(contrib)}), no all-gather")
     return [ctx.pv(x, op.outputs[0].shape, plan.results[0], p, dt)]
 
 

@@ -20,7 +20,7 @@ no more than ``jax.jit`` does:
 On a multi-process run (``jax.distributed``) every input is placed by
 ``global_inputs.place_global`` (each process transfers only the shards its devices hold).
 
-    b = plan.boundary                         # built once per plan (Boundary.of(plan))
+    b = plan.executable.boundary             # built once per plan (Boundary.of(plan, traced jaxpr))
     outs = b.call(plan.compiled(), leaves)    # flat list of output jax.Arrays
 """
 from __future__ import annotations
@@ -64,7 +64,9 @@ class Boundary:
         self._pad_fns: dict[int, Callable] = {}
 
     @classmethod
-    def of(cls, plan) -> "Boundary":
+    def of(cls, plan, jaxpr=None) -> "Boundary":
+        """The boundary of ``plan``; ``jaxpr``: its program on padded inputs (a ClosedJaxpr: the
+        traced jit, runtime/executable.py), for the fused pad + program (None: never fused)."""
         glob = None
         if jax.process_count() > 1:  # multi-process: place only this process's shards
             import weakref
@@ -75,7 +77,7 @@ class Boundary:
             glob = lambda leaves: place_global(ref(), list(leaves))  # noqa: E731
         return cls([NamedSharding(plan.jax_mesh, spec) for spec in plan.in_specs],
                    [v.shape for v in plan.graph.inputs], plan.padded_in_shapes,
-                   [v.dtype for v in plan.graph.inputs], glob, plan.traced.jaxpr,
+                   [v.dtype for v in plan.graph.inputs], glob, jaxpr,
                    tuple(plan.donate_argnums), list(plan.in_names), plan.fn_name)
 
     # -- per call --------------------------------------------------------------------

@@ -31,7 +31,6 @@ from jax.sharding import NamedSharding
 
 from .distributed import held_shards
 from ..errors import ShardingError, SpecError
-from .plancheck import check_same_program
 from ..frontend.specs import leaf_aval, leaf_specs
 
 
@@ -183,7 +182,7 @@ def from_local(spmd, local_args: tuple, global_shapes=None):
             raise SpecError(f"{what}: global shape {shape} has rank {len(shape)}, its local data rank {len(a.shape)}")
         avals.append(jax.ShapeDtypeStruct(shape, a.dtype))
     plan = spmd.plan(*jax.tree_util.tree_unflatten(tree, avals))
-    check_same_program(plan)
+    plan.executable.check_same_program()
     arrays = []
     for i, (x, v, shp, spec) in enumerate(zip(leaves, plan.graph.inputs, plan.padded_in_shapes, plan.in_specs)):
         what = f"from_local: argument {names[i]} {v.type_str}"

@@ -76,29 +76,58 @@ def fine_spec(fdims: Sequence[Sequence[str]]) -> JP:
     return JP(*[tuple(d) if len(d) > 1 else (d[0] if d else None) for d in fdims])
 
 
-def boundary_sharding(plan, fdims, what: str) -> NamedSharding:
+def boundary_sharding(plan, fdims) -> NamedSharding:
     """The NamedSharding of a boundary array laid out as ``fdims``: over the user's mesh when the
-    layout can be said there, else over the plan's fine mesh (and a note in plan.report())."""
+    layout can be said there, else over the plan's fine mesh (``boundary_note`` says why)."""
     if plan.fine.names == plan.mesh.axis_names:
         return NamedSharding(user_jax_mesh(plan.mesh), fine_spec(fdims))
-    spec, why = user_spec(plan.fine, fdims)
+    spec, _ = user_spec(plan.fine, fdims)
     if spec is not None:
         return NamedSharding(user_jax_mesh(plan.mesh), spec)
-    plan.ctx.notes.append(f"{what} is returned over the execution mesh "
-                          f"{dict(zip(plan.fine.names, plan.fine.sizes))}, not over {plan.mesh}: {why}")
     return NamedSharding(plan.jax_mesh, fine_spec(fdims))
 
 
-def staged_sharding(plan, fdims, what: str) -> tuple[NamedSharding, bool]:
+def boundary_note(fine: FineMesh, mesh: Mesh, fdims, what: str) -> Optional[str]:
+    """Why ``boundary_sharding`` returns ``what`` over the execution mesh (None: it does not)."""
+    if fine.names == mesh.axis_names:
+        return None
+    spec, why = user_spec(fine, fdims)
+    if spec is not None:
+        return None
+    return f"{what} is returned over the execution mesh {dict(zip(fine.names, fine.sizes))}, not over {mesh}: {why}"
+
+
+def staged_sharding(plan, fdims) -> tuple[NamedSharding, bool]:
     """The user-mesh NamedSharding of a boundary array of a staged call, and whether the layout
-    differs from ``fdims`` (then the program's value is resharded to it, and the report says so)."""
-    spec, why = user_spec(plan.fine, fdims)
+    differs from ``fdims`` (then the program's value is resharded to it; ``staged_note`` says so)."""
+    spec, _ = user_spec(plan.fine, fdims)
     if spec is not None:
         return NamedSharding(user_jax_mesh(plan.mesh), spec), False
-    near = nearest_user_spec(plan.fine, fdims)
-    plan.ctx.notes.append(f"under a JAX transformation, {what} is resharded to {near} over {plan.mesh} at the "
-                          f"program boundary: {why}")
-    return NamedSharding(user_jax_mesh(plan.mesh), near), True
+    return NamedSharding(user_jax_mesh(plan.mesh), nearest_user_spec(plan.fine, fdims)), True
+
+
+def staged_note(fine: FineMesh, mesh: Mesh, fdims, what: str) -> Optional[str]:
+    """Why a staged call reshards ``what`` at the program boundary (None: it does not)."""
+    spec, why = user_spec(fine, fdims)
+    if spec is not None:
+        return None
+    return (f"under a JAX transformation, {what} is resharded to {nearest_user_spec(fine, fdims)} over {mesh} at "
+            f"the program boundary: {why}")
+
+
+def layout_notes(plan) -> tuple[str, ...]:
+    """What the boundary does to a plan's layouts that the user's mesh cannot say: per output
+    returned over the execution mesh by a direct call, then per argument and output resharded
+    by a staged call (under a JAX transformation). None for an abstract mesh (it runs nothing)."""
+    if plan.mesh.is_abstract:
+        return ()
+    g, fine, mesh = plan.graph, plan.fine, plan.mesh
+    outs = [(f"output {i} {v.type_str}", d) for i, (v, d) in enumerate(zip(g.outputs, plan.out_fine_dims))]
+    notes = [boundary_note(fine, mesh, d, what) for what, d in outs]
+    notes += [staged_note(fine, mesh, even_dims(plan, v.shape, plan.fine_dims(v)), f"argument {n}")
+              for v, n in zip(g.inputs, plan.in_names)]
+    notes += [staged_note(fine, mesh, d, what) for what, d in outs]
+    return tuple(n for n in notes if n is not None)
 
 
 def even_dims(plan, shape, fdims):

@@ -25,7 +25,6 @@ class ProgramMismatchError(ShardingError):
 
 _KV_PREFIX = "gspmd_py/program/"
 _KV_TIMEOUT_MS = 60_000
-_CHECKED = "_gspmd_py_same_program_checked"  # set on a Plan once its check passed
 
 
 def program_lines(plan) -> tuple[list[str], list[str]]:
@@ -88,11 +87,11 @@ def mismatch_message(fn_name: str, me: int, other: int, mine: list[str], where: 
 
 def check_same_program(plan) -> None:
     """On a multi-process run, raise ProgramMismatchError unless every process planned ``plan``'s
-    program; a no-op on one process and after the first successful check of a plan.
-    Every process must call it at the same point (it is a collective)."""
+    program; a no-op on one process. Every process must call it at the same point (it is a
+    collective); ``Executable.check_same_program`` calls it once per plan."""
     import jax
 
-    if jax.process_count() == 1 or getattr(plan, _CHECKED, False):
+    if jax.process_count() == 1:
         return
     from jax.experimental import multihost_utils
 
@@ -102,7 +101,6 @@ def check_same_program(plan) -> None:
     every = np.asarray(multihost_utils.process_allgather(words)).reshape(jax.process_count(), -1)
     hexes = [np.ascontiguousarray(r, dtype=np.int32).tobytes().hex() for r in every]
     if all(h == hexes[0] for h in hexes):
-        setattr(plan, _CHECKED, True)
         return
     me = jax.process_index()
     # compare with process 0, or (when this process agrees with it) with the first that does not

@@ -64,16 +64,13 @@ def fingerprint(prop: Propagation, graph: Graph) -> tuple:
 def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
                        combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> _Program:
     """The partitioner's per-device program for these shardings, traced to a jaxpr (as
-    ``Plan._build`` does, without the jit around it)."""
+    ``compiler.partition`` does, without the jit around it)."""
     shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
     refs = [a for s in shardings.values() for a in s.used_axes]
     refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
     fine = FineMesh.build(mesh, refs)
-    ctx = Ctx(fine)
     fd = {vid: fine.fine_dims(s.dims) for vid, s in shardings.items()}
-    ctx.want = fd
-    ctx.rules = prop.rules
-    ctx.plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
+    ctx = Ctx(fine, want=fd, rules=prop.rules, plans={i: fine_plan(fine, p) for i, p in prop.projections.items()})
     in_dims = [fd[v.id] for v in graph.inputs]
     out_dims = [fd[v.id] for v in graph.outputs]
     with outside_user_mesh(), own_mesh():

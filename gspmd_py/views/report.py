@@ -39,7 +39,7 @@ def sharding_text(plan, v) -> str:
         [{x}, {}] partial-sum(y)
     """
     text = plan.sharding(v).shardy()
-    held = plan.ctx.held.get(v.id)
+    held = plan.diagnostics.held.get(v.id)
     if held is not None and held.partial is not None:
         text += f" partial-{held.partial.op}({plan.fine.label(held.partial.axes)})"
     return text
@@ -81,15 +81,15 @@ def rows(plan) -> list[Row]:
 
 def notes(plan) -> list[str]:
     """Fallbacks and notes, as report() prints them after the table."""
-    ctx, lines = plan.ctx, []
+    found, lines = plan.diagnostics, []
     for axis, sched in schedules(plan.graph):
         lines.append(f"{sched} over mesh axis {axis!r}")
-    for fb in ctx.fallbacks:
+    for fb in found.fallbacks:
         lines.append(f"REPLICATED FALLBACK at {fb.op}: {fb.reason}")
-    for note in ctx.notes:
+    for note in found.notes:
         lines.append(f"note: {note}")
-    for shaped in ctx.shaped:
-        lines.append(f"shaped for {ctx.shaping.hardware.name if ctx.shaping.hardware else 'collective_matmul_bytes'}: "
+    for shaped in found.shaped:
+        lines.append(f"shaped for {plan.shaping.hardware.name if plan.shaping.hardware else 'collective_matmul_bytes'}: "
                      f"{shaped}")
     for c in plan.collectives:
         if c.op.startswith("combined:"):
@@ -134,7 +134,7 @@ def report(plan) -> str:
 def local_text(plan, v) -> str:
     """The local (per-device) shape of value ``v`` under the plan, as ``[4,8]``."""
     d = plan.fine_dims(v)
-    shape = plan.ctx.local_shape(v.shape, d)
+    shape = plan.local_shape(v.shape, d)
     return "[" + ",".join(str(s) for s in shape) + "]"
 
 

@@ -84,7 +84,7 @@ def test_partition_on_given_projections_emits_their_collectives():
     megatron = compiler.partition(s.graph, MESH, compiler.propagate(s.graph, MESH, s.seeds))
     prims = [e.primitive.name for e in megatron.program.jaxpr.eqns]
     assert prims.count("psum") == 1 and "all_gather" not in prims
-    assert megatron.ctx.fallbacks == [] and megatron.in_dims[0] == (("x",), ())
+    assert megatron.diagnostics.fallbacks == () and megatron.in_dims[0] == (("x",), ())
 
     g = traced(lambda x, w1, w2: jax.nn.relu(x @ w1) @ w2)
     x_only = compiler.seed(g, MESH, in_dims=[((MESH.ref("x"),), ()), ((), ()), ((), ())])

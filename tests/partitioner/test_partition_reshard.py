@@ -31,7 +31,7 @@ def _reshard(mesh, shape, src, dst, dtype=np.float32):
 
 
 def _local_shape(plan, v):
-    return plan.ctx.local_shape(v.shape, plan.fine_dims(v))
+    return plan.local_shape(v.shape, plan.fine_dims(v))
 
 
 MESH_2x4 = lambda: gp.Mesh((2, 4), ("x", "y"))

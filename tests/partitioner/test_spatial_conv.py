@@ -113,7 +113,7 @@ def test_reference_29_conv_7x7_stride2_pad3_halos_3_and_2_rows():
     assert [c.kind for c in perms] == ["collective-permute", "collective-permute"]
     # left halo: device 1 gets the last 3 rows of device 0; right halo: device 0 gets 2 rows of device 1
     assert sorted(c.bytes_per_device for c in perms) == [2 * row, 3 * row]
-    assert plan.ctx.local_shape((2, 112, 112, 64), plan.fine.fine_dims(plan.sharding_of("out0").dims)) == \
+    assert plan.local_shape((2, 112, 112, 64), plan.fine.fine_dims(plan.sharding_of("out0").dims)) == \
         (2, 56, 112, 64)
 
 
@@ -125,7 +125,7 @@ def test_halo_wider_than_a_shard_takes_more_hops():
     assert kinds(plan) == ["collective-permute"] * 4
     row = 1 * 1 * 4 * 2 * 4
     assert sorted(c.bytes_per_device for c in plan.collectives) == [row, row, 2 * row, 2 * row]
-    assert not plan.ctx.notes
+    assert not plan.diagnostics.notes
 
 
 def test_huge_halo_falls_back_to_gather_whole_dim():
@@ -133,14 +133,14 @@ def test_huge_halo_falls_back_to_gather_whole_dim():
     x, w = rand((1, 8, 4, 2)), rand((7, 1, 2, 3), seed=1)
     plan = check(conv_fn((1, 1), "SAME"), MESH, (x, w), (gp.P(None, "y"), None))
     assert kinds(plan) == ["all-gather"]
-    assert any("gathered whole" in n for n in plan.ctx.notes)
+    assert any("gathered whole" in n for n in plan.diagnostics.notes)
     assert plan.sharding_of("out0").spec == gp.P(None, "y", None, None)  # the output stays sharded
 
 
 def test_kernel_sharded_on_spatial_dims_is_gathered_whole():
     x, w = rand((2, 30, 13, 3)), rand((5, 5, 3, 4), seed=1)
     plan = check(conv_fn((1, 1), "SAME"), MESH, (x, w), (gp.P(None, "y"), gp.P("x")), rtol=1e-4, atol=1e-4)
-    assert any("needs replication" in n and "gathered whole" in n for n in plan.ctx.notes)
+    assert any("needs replication" in n and "gathered whole" in n for n in plan.diagnostics.notes)
 
 
 def test_conv3d_volume_sharded_over_two_spatial_dims():

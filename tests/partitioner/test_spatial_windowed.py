@@ -81,7 +81,7 @@ def test_wide_window_falls_back_to_gathering_the_dim(n):
     plan = check(fn, MESH, (rand((2, n, 3, 2)),), (gp.P(None, "y"),))
     assert [c.kind for c in op_colls(plan, "reduce_window_max")] == ["all-gather"]
     assert [c.kind for c in op_colls(plan, "select_and_scatter_add")] == ["reduce-scatter"]
-    assert len([nt for nt in plan.ctx.notes if "gathered whole" in nt]) == 2
+    assert len([nt for nt in plan.diagnostics.notes if "gathered whole" in nt]) == 2
 
 
 def test_maxpool_gradient_ties_and_infinities():
@@ -181,7 +181,7 @@ def test_small_dynamic_slice_does_not_gather_the_operand():
     # reduce-scatter over 4 shards) is reduced, never the operand's 8-row shards
     assert all(c.bytes_per_device <= 4 * 2 * 4 * 4 for c in plan.collectives), [str(c) for c in plan.collectives]
     assert "all-gather" not in [c.kind for c in op_colls(plan, "dynamic_slice")]
-    assert any("partial sums" in n for n in plan.ctx.notes)
+    assert any("partial sums" in n for n in plan.diagnostics.notes)
 
 
 def test_dynamic_update_slice_gathers_only_the_update():

@@ -100,9 +100,9 @@ def test_every_rule_has_a_sample():
 def projection_violations(plan) -> list[str]:
     bad = []
     for op in plan.graph.walk():
-        seen = plan.ctx.seen_operands.get(op.id)
+        seen = plan.diagnostics.seen_operands.get(op.id)
         assert seen is not None, f"{op.prim} #{op.id} was not partitioned"
-        rule, want = plan.ctx.rules[op.id], plan.ctx.plans[op.id].operands
+        rule, want = plan.prop.rules[op.id], plan.op_plans[op.id].operands
         for i, (got, proj) in enumerate(zip(seen, want)):
             for d, (g, w) in enumerate(zip(got, proj)):
                 if g != w and not (not g and rule.windowed(i, d)):

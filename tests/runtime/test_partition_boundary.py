@@ -48,7 +48,7 @@ def test_outputs_are_laid_out_as_planned(data):
         want = gp.Sharding(mesh, s_out).with_rank(len(shape))
         assert plan.out_shardings[0] == want
         fd = plan.fine_dims(plan.graph.outputs[0])
-        if all(not a or n % plan.ctx.k(a) == 0 for n, a in zip(shape, fd)):
+        if all(not a or n % plan.shards(a) == 0 for n, a in zip(shape, fd)):
             assert plan.out_specs[0] == jax.sharding.PartitionSpec(
                 *[tuple(a) if len(a) > 1 else (a[0] if a else None) for a in fd])
 

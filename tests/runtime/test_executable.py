@@ -1,0 +1,106 @@
+"""A Plan is an immutable value; running it is a separate object (runtime/executable.py);
+the partition pass's diagnostics are a value, and a note added after the build makes a new one."""
+from __future__ import annotations
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gspmd_py as gp
+from gspmd_py import compiler
+from gspmd_py.partitioner.context import Ctx
+from gspmd_py.partitioner.diagnostics import Diagnostics
+from gspmd_py.runtime.executable import Executable
+from gspmd_py.runtime.layout import layout_notes
+
+P = gp.P
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return gp.Mesh((2, 4), ("x", "y"))
+
+
+def _mlp(x, w):
+    return jnp.tanh(x @ w)
+
+
+def _args():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 8)).astype(np.float32)
+
+
+def test_a_plan_is_immutable(mesh):
+    plan = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y"))).plan(*_args())
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        plan.fn_name = "other"
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        plan.diagnostics = Diagnostics()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        plan.anything_new = 1
+    with pytest.raises(TypeError):  # its maps are read-only views too
+        plan.diagnostics.held[0] = None  # type: ignore[index]
+    assert isinstance(plan.diagnostics.notes, tuple)
+
+
+def test_the_executable_is_a_separate_object_that_runs_the_plan(mesh):
+    x, w = _args()
+    f = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y")))
+    plan = f.plan(x, w)
+    exe = plan.executable
+    assert isinstance(exe, Executable) and exe.plan is plan
+    assert plan.executable is exe  # built once
+    assert plan.jitted is exe.jitted and plan.traced is exe.traced and plan.boundary is exe.boundary
+    assert plan.compiled() is exe.compiled()
+    out = exe.run([x, w])
+    np.testing.assert_allclose(np.asarray(out), _mlp(x, w), rtol=1e-5, atol=1e-5)
+    # the call equals the jit of the program on the placed inputs, and gp.spmd's own call
+    direct = exe.jitted(*exe.place([x, w]))[0]
+    np.testing.assert_array_equal(np.asarray(direct), np.asarray(out))
+    np.testing.assert_array_equal(np.asarray(f(x, w)), np.asarray(out))
+    assert plan.lower_text() == exe.lower_text()
+
+
+def test_the_partition_pass_returns_its_diagnostics_as_a_value():
+    mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
+
+    def fn(x):
+        return jnp.sort(gp.annotate(x, P("x", None)), axis=0)  # sorting a sharded dim: gathered whole
+
+    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((8, 4), jnp.float32))
+    s = compiler.seed(compiler.trace(closed, mesh), mesh)
+    part = compiler.partition(s.graph, mesh, compiler.propagate(s.graph, mesh, s.seeds))
+    assert isinstance(part.diagnostics, Diagnostics)
+    assert not any(isinstance(getattr(part, a.name), Ctx) for a in attrs.fields(type(part)))  # no Ctx escapes
+    assert part.diagnostics.held and part.diagnostics.seen_operands
+    before = part.diagnostics
+    after = before.with_notes("a note added later")
+    assert after.notes == before.notes + ("a note added later",)
+    assert "a note added later" not in before.notes  # the old value is unchanged
+    assert after.held == before.held and after.fallbacks == before.fallbacks
+
+
+def test_layout_notes_make_a_new_value(mesh):
+    """A layout the user's mesh cannot say is noted by the compiler as a new diagnostics value:
+    the partition pass's is unchanged, the plan's is it plus the layout notes; the report is the
+    same before and after the plan runs or is staged."""
+    def fn(v):
+        h = jnp.sin(v.reshape(2, 4, 8))  # dim 0 over y:(1)2, dim 1 over y:(2)2: sub-axes of y
+        return h, h.reshape(8, 8) * 2.0
+
+    f = gp.spmd(fn, mesh, in_shardings=P("y", None), out_shardings=(None, P("y", None)))
+    v = np.arange(64, dtype=np.float32).reshape(8, 8)
+    plan = f.plan(v)
+    notes = layout_notes(plan)
+    assert any("returned over the execution mesh" in n for n in notes)
+    assert any(n.startswith("under a JAX transformation, output 0") for n in notes)
+    assert plan.diagnostics.notes[-len(notes):] == notes
+    text = plan.report()
+    f(v)
+    jax.jit(f)(v)
+    assert plan.report() == text
+    noted = plan.with_notes("one more")
+    assert noted is not plan and noted.diagnostics.notes == plan.diagnostics.notes + ("one more",)
+    assert "note: one more" in noted.report() and "one more" not in plan.report()
