@@ -31,7 +31,7 @@ from .annotate import annotate_p
 from .arguments import Call, Signature
 from .boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from .errors import ArgumentError, ShardingError
-from .compiler import Dims, plan_jaxpr
+from .compiler import Dims, gc_paused, plan_jaxpr
 from .ir import Value
 from .layout import even_dims, staged_sharding
 from .mesh import Mesh
@@ -155,7 +155,8 @@ class Spmd:
         key = call.key
         e = self._entries.get(key)
         if e is None:
-            e = self._build(call)
+            with gc_paused():  # the user's trace and the plan (compiler.gc_paused says why)
+                e = self._build(call)
             if not e.closure:  # closed-over tracers belong to one trace: never cached
                 self._entries.put(key, e)
         return e

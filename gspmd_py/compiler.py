@@ -23,7 +23,9 @@ them in order and wraps the result in a ``Plan``::
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+import gc
+from typing import Iterator, Optional, Sequence
 
 import attrs
 import jax
@@ -220,12 +222,33 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
                     in_tree=in_tree, out_tree=out_tree, in_names=in_names, donate_argnums=tuple(donate_argnums),
                     combine_threshold_bytes=threshold, tactics=seeded.tactics)
 
-    with outside_user_mesh(), own_mesh():
+    with outside_user_mesh(), own_mesh(), gc_paused():
         plan = build(shaping)
         if shaping.decides_matmul and any(s.kind == "matmul" for s in plan.ctx.shaped):
             plan = _cheaper_without_matmul(plan, build)
     warn_fallbacks(plan.ctx)
     return plan
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a plan is built.
+
+    Planning allocates many small, long-lived objects (IR values, shardings, projections, the
+    per-device jaxpr's equations and tracers): each young collection then walks them again and
+    the full ones walk the whole heap. For 96 transformer blocks that was ~0.6-0.9 s of a ~2.3 s
+    plan, none of it reclaiming much. Reference counting still frees acyclic garbage at once;
+    the cycles made meanwhile are collected once the collector is back on. Nested plans (the
+    search, a gp.spmd inside another) leave it to the outermost; a collector the caller turned
+    off stays off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _cheaper_without_matmul(plan: Plan, build) -> Plan:
