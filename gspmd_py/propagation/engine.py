@@ -66,7 +66,8 @@ class Propagation:
         self.state: dict[int, list[DimState]] = {v.id: [DimState() for _ in v.shape] for v in values}
         self.values: dict[int, Value] = {v.id: v for v in values}
         self.ops: list[Op] = list(graph.walk())
-        self.rules: dict[int, OpRule] = {op.id: rule_for(op) for op in self.ops}
+        memo: dict = {}  # one rule per distinct (prim, params, shapes): ops/registry.py
+        self.rules: dict[int, OpRule] = {op.id: rule_for(op, memo) for op in self.ops}
         self.tensors: dict[int, list[Value]] = {op.id: op_tensors(op) for op in self.ops}
         self.op_by_id = {op.id: op for op in self.ops}
         self.origin: dict[int, str] = {}
