@@ -147,7 +147,8 @@ def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]
         from .tactics import apply_tactics
 
         leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
-        ctx = apply_tactics(tactics, TacticContext(graph, mesh, leaves, seeds, args_tree, tuple(donate_argnums)))
+        with gc_resumed():  # the search traces a program per candidate: let their garbage go
+            ctx = apply_tactics(tactics, TacticContext(graph, mesh, leaves, seeds, args_tree, tuple(donate_argnums)))
         seeds, log = ctx.seeds(), tuple(ctx.log)
     return Seeded(graph, tuple(seeds), log)
 
@@ -230,6 +231,9 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     return plan
 
 
+_GC_PAUSED = [False]  # set while gc_paused holds the collector off
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a plan is built.
@@ -238,17 +242,35 @@ def gc_paused() -> Iterator[None]:
     per-device jaxpr's equations and tracers): each young collection then walks them again and
     the full ones walk the whole heap. For 96 transformer blocks that was ~0.6-0.9 s of a ~2.3 s
     plan, none of it reclaiming much. Reference counting still frees acyclic garbage at once;
-    the cycles made meanwhile are collected once the collector is back on. Nested plans (the
-    search, a gp.spmd inside another) leave it to the outermost; a collector the caller turned
-    off stays off."""
+    the cycles made meanwhile are collected once the collector is back on. Nested plans (a
+    gp.spmd inside another) leave it to the outermost; a collector the caller turned off stays
+    off; the sharding search runs with it on (``gc_resumed``)."""
     if not gc.isenabled():
         yield
         return
     gc.disable()
+    _GC_PAUSED[0] = True
     try:
         yield
     finally:
+        _GC_PAUSED[0] = False
         gc.enable()
+
+
+@contextlib.contextmanager
+def gc_resumed() -> Iterator[None]:
+    """The collector back on inside ``gc_paused``: for work that makes garbage for long (the
+    sharding search traces a program per candidate for up to its time budget)."""
+    if not _GC_PAUSED[0]:
+        yield
+        return
+    _GC_PAUSED[0] = False
+    gc.enable()
+    try:
+        yield
+    finally:
+        gc.disable()
+        _GC_PAUSED[0] = True
 
 
 def _cheaper_without_matmul(plan: Plan, build) -> Plan:
