@@ -70,6 +70,10 @@ def spec_of(spec) -> tuple:
     raise SpecError(f"expected a partition spec such as gp.P('x', None), got {spec!r}")
 
 
+_OF_MEMO: dict = {}  # (mesh, dims, partial) -> Sharding (Sharding.of)
+_OF_MEMO_SIZE = 4096
+
+
 class Sharding:
     """How a tensor is laid out on a mesh (see the module docstring).
 
@@ -97,7 +101,17 @@ class Sharding:
 
     @classmethod
     def of(cls, mesh: Mesh, dims: Sequence[Sequence[AxisRef]], partial: Iterable[AxisRef] = ()) -> "Sharding":
-        return cls(mesh, P(*[tuple(d) for d in dims]), partial=partial)
+        """The sharding with these axes per dim. Shardings are immutable, so equal requests
+        share one object (memoised): a plan asks for one per value, and most values of a
+        program share a handful of layouts (parsing and checking each was ~5% of planning)."""
+        key = (mesh, tuple(tuple(d) for d in dims), tuple(partial))
+        hit = _OF_MEMO.get(key)
+        if hit is None:
+            hit = cls(mesh, P(*key[1]), partial=key[2])
+            if len(_OF_MEMO) >= _OF_MEMO_SIZE:
+                _OF_MEMO.clear()
+            _OF_MEMO[key] = hit
+        return hit
 
     @classmethod
     def replicated(cls, mesh: Mesh, rank: int) -> "Sharding":

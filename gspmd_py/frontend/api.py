@@ -20,6 +20,8 @@ is already laid out as the plan wants is consumed).
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 from typing import Any, Callable, Optional
 
@@ -30,7 +32,7 @@ import jax.numpy as jnp
 from .arguments import Call, Signature
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..errors import ArgumentError, ShardingError
-from ..compiler import Dims, plan_jaxpr
+from ..compiler import Dims, gc_paused, plan_jaxpr
 from ..ir import Value
 from ..mesh import Mesh
 from ..plan import Plan
@@ -148,7 +150,10 @@ class Spmd:
         key = call.key
         e = self._entries.get(key)
         if e is None:
-            e = self._build(call)
+            # the user's trace and the plan with the collector paused (compiler.gc_paused says
+            # why), unless tactics search: their garbage must go as it is made
+            with gc_paused() if not self.tactics else contextlib.nullcontext():
+                e = self._build(call)
             if not e.closure:  # closed-over tracers belong to one trace: never cached
                 self._entries.put(key, e)
         return e

@@ -42,6 +42,7 @@ class FineMesh:
         self.size_of = dict(zip(self.names, self.sizes))
         self.owner = {nm: (a, lo, hi) for a, parts in self._ranges.items() for nm, lo, hi in parts}
         self._fine: dict[AxisRef, tuple[str, ...]] = {}  # memo of fine()
+        self._fine_dims: dict[tuple, tuple[tuple[str, ...], ...]] = {}  # memo of fine_dims()
 
     @classmethod
     def build(cls, mesh: Mesh, refs: Iterable[AxisRef]) -> "FineMesh":
@@ -67,7 +68,11 @@ class FineMesh:
         return hit
 
     def fine_dims(self, dims: Sequence[Sequence[AxisRef]]) -> tuple[tuple[str, ...], ...]:
-        return tuple(tuple(f for r in axes for f in self.fine(r)) for axes in dims)
+        key = tuple(tuple(axes) for axes in dims)
+        hit = self._fine_dims.get(key)  # a plan asks for every value and op: few distinct layouts
+        if hit is None:
+            hit = self._fine_dims[key] = tuple(tuple(f for r in axes for f in self.fine(r)) for axes in key)
+        return hit
 
     def coarse(self, names: Sequence[str]) -> tuple[AxisRef, ...]:
         """Fine axis names back to (merged) mesh sub-axes."""

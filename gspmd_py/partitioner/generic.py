@@ -69,7 +69,9 @@ def iota(ctx: Ctx, op, rule, plan, args):
     out = op.outputs[0].shape
     d = op.params["dimension"]
     dtype = op.params["dtype"]
-    y = lax.broadcasted_iota(dtype, ctx.local_shape(out, w), d) + ctx.offset(out[d], w[d]).astype(dtype)
+    y = lax.broadcasted_iota(dtype, ctx.local_shape(out, w), d)
+    if w[d]:  # a sharded iota dim counts from this device's first row
+        y = y + ctx.offset(out[d], w[d]).astype(dtype)
     return [ctx.pv(y, out, w)]
 
 

@@ -188,7 +188,7 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset 
         if pv is None:  # constants: each device takes its shard when a consumer asks
             if v.const is None:
                 raise KeyError(f"value %{v.id} used before definition")
-            pv = ctx.pv(jnp.asarray(v.const, dtype=v.dtype), v.shape, ((),) * v.rank)
+            pv = ctx.pv(_constant(v.const, v.dtype), v.shape, ((),) * v.rank)
             env[v.id] = pv
         return pv
 
@@ -200,6 +200,15 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset 
                 env[v.id] = ctx.hold(v.id, reshard(ctx, r, want.get(v.id, ((),) * v.rank),
                                                    keep_partial=v.id not in final))
     return [get(v) for v in graph.outputs]
+
+
+def _constant(value, dtype):
+    """A plan-time constant as the program's operand: a scalar as a NumPy scalar (JAX stages it
+    as a literal of the equation, as it was in the user's jaxpr; ``jnp.asarray`` would first
+    place it on a device, ~0.1 ms each), anything else as a jax array."""
+    if np.ndim(value) == 0:
+        return np.asarray(value, dtype=dtype)[()]
+    return jnp.asarray(value, dtype=dtype)
 
 
 def build_body(graph: Graph, ctx: Ctx, in_dims: Sequence[FineDims], out_dims: Sequence[FineDims]) -> Callable:

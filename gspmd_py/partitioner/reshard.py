@@ -26,6 +26,8 @@ from .pvalue import FineDims, Partial, PValue, ceil_div
 
 
 def reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool = False) -> PValue:
+    if pv.partial is None and pv.dims == target and 0 not in pv.shape:
+        return pv  # already there (most operands and results of a planned program): nothing to emit
     target = tuple(tuple(t) for t in target)
     key = (pv.key, target, keep_partial)
     hit = ctx.cache.reshards.get(key)

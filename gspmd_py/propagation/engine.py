@@ -36,12 +36,18 @@ from . import axes as ax
 from .projection import INF, Projection, TensorState, project_cached, record
 
 
-@attrs.define
+@attrs.frozen
 class DimState:
+    """One dim of one value during propagation; replaced, never changed in place (so every
+    open dim of a fresh run shares ``OPEN``)."""
+
     axes: tuple[AxisRef, ...] = ()
     prio: float = INF
     closed: bool = False
     why: Optional[tuple[int, int]] = None  # (op id, source value id) that set it
+
+
+OPEN = DimState()
 
 
 @attrs.define
@@ -63,10 +69,11 @@ class Propagation:
     def __init__(self, graph: Graph, mesh: Mesh, seeds: Sequence[Seed]):
         self.graph, self.mesh, self.seeds = graph, mesh, list(seeds)
         values = graph.all_values()
-        self.state: dict[int, list[DimState]] = {v.id: [DimState() for _ in v.shape] for v in values}
+        self.state: dict[int, list[DimState]] = {v.id: [OPEN] * len(v.shape) for v in values}
         self.values: dict[int, Value] = {v.id: v for v in values}
         self.ops: list[Op] = list(graph.walk())
-        self.rules: dict[int, OpRule] = {op.id: rule_for(op) for op in self.ops}
+        memo: dict = {}  # one rule per distinct (prim, params, shapes): ops/registry.py
+        self.rules: dict[int, OpRule] = {op.id: rule_for(op, memo) for op in self.ops}
         self.tensors: dict[int, list[Value]] = {op.id: op_tensors(op) for op in self.ops}
         self.op_by_id = {op.id: op for op in self.ops}
         self.origin: dict[int, str] = {}
@@ -91,7 +98,7 @@ class Propagation:
         fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
         fresh._near = self._near
-        fresh.state = {vid: [DimState() for _ in v.shape] for vid, v in self.values.items()}
+        fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
         fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
         fresh._dirty = [True] * len(self.ops)
         fresh._forward_done = [False] * len(self.ops)
@@ -133,14 +140,23 @@ class Propagation:
             return True
         return rule.forward_level is not None and level >= rule.forward_level and not self._forward_done[i]
 
+    def _at_level(self, level: int) -> list[tuple[int, Optional[int]]]:
+        """(op index, forward level) of the ops that speak at ``level``, in program order."""
+        rules = [self.rules[op.id] for op in self.ops]
+        return [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+
     def _fixed_point(self, level: int) -> bool:
+        """Sweep forward then backward until nothing changes. Only the ops of this level are
+        looked at (level 0: the elementwise ones), each by what ``_wants`` says, inlined:
+        a sweep passes every op, and most of them have nothing to do."""
         any_change = False
-        n = len(self.ops)
+        ops = self._at_level(level)
+        dirty, done = self._dirty, self._forward_done
         while True:
             changed = False
-            for order in (range(n), range(n - 1, -1, -1)):
-                for i in order:
-                    if self._wants(i, level):
+            for order in (ops, reversed(ops)):
+                for i, fl in order:
+                    if dirty[i] or (fl is not None and level >= fl and not done[i]):
                         changed |= self._visit(i, level)
             any_change |= changed
             if not changed:
@@ -175,8 +191,8 @@ class Propagation:
         if not any(a for st in states for a in st.axes):
             return []
         final, source, projected = project_cached(self.mesh, rule, states)
-        if not final:
-            return []
+        if not final or all(p == st.axes for p, st in zip(projected, states)):
+            return []  # (most visits: the projection is what the tensors already hold)
         source = dict(source)
         mesh = self.mesh
         n_in = len(op.inputs)

@@ -142,3 +142,49 @@ def test_the_passes_agree_with_running_it():
     args = [rng.standard_normal(a.shape).astype(np.float32) for a in ARGS]
     out = gp.spmd(megatron_mlp, mesh)(*args)
     np.testing.assert_allclose(np.asarray(out), megatron_mlp(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_planning_pauses_the_cyclic_gc_and_restores_it():
+    """The collector is off while a plan is built (the user's trace included), back on after;
+    a collector the caller turned off stays off; a plan with tactics (the search traces a
+    program per candidate) keeps it on."""
+    import gc
+
+    seen = []
+
+    def fn(x):
+        seen.append(gc.isenabled())
+        return x * 2
+
+    assert gc.isenabled()
+    gp.spmd(fn, MESH, in_shardings=(P("x"),)).plan(S((8,), jnp.float32))
+    assert seen == [False] and gc.isenabled()
+    with compiler.gc_paused():
+        assert not gc.isenabled()
+        with compiler.gc_paused():  # nested: left to the outermost
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gp.spmd(fn, MESH, tactics=[gp.tactics.batch("x")]).plan(S((8,), jnp.float32))
+    assert seen[-1] is True and gc.isenabled()
+    gc.disable()
+    try:
+        gp.spmd(fn, MESH, in_shardings=(P("x"),)).plan(S((8,), jnp.float32))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_sharding_of_and_op_rules_are_shared():
+    """Equal requests give one object: Sharding.of is memoised, and propagation builds one
+    rule per distinct (primitive, params, shapes) (the ops of a repeated layer share it)."""
+    s = Sharding.of(MESH, ((MESH.ref("x"),), ()))
+    assert s is Sharding.of(MESH, [[MESH.ref("x")], []]) and s.spec == P("x", None)
+
+    def two_layers(x, w):
+        return jnp.tanh(jnp.tanh(x @ w) @ w)
+
+    g = traced(two_layers, (S((8, 8), jnp.float32), S((8, 8), jnp.float32)))
+    prop = compiler.propagate(g, MESH, [])
+    tanh = [prop.rules[op.id] for op in g.ops if op.prim == "tanh"]
+    assert len(tanh) == 2 and tanh[0] is tanh[1]
