@@ -21,7 +21,7 @@ inside a loop body counts its trip count (scan ``length``; a while loop once).
 
 The sum over terms is ``table_sums``: a plain loop over (candidate, term) written once,
 run as Python, or compiled with ``numba.njit(cache=True)`` when numba is importable and the
-batch is large enough that it pays (``NUMBA_MIN_TERMS``; measured below). The tables rank
+search has summed enough that it pays (``NUMBA_MIN_PAIRS``; measured below). The tables rank
 candidates; the traced pricer (price.py) stays authoritative for every score the search
 keeps.
 """
@@ -37,35 +37,40 @@ from ..propagation import Propagation
 
 MATMUL = frozenset(("dot_general", "conv_general_dilated"))
 LOOP_TRIPS = {"scan": lambda op: int(op.params.get("length", 1))}
-# batches (candidates x terms) at least this large run the compiled kernel (benchmarks/auto.py
-# measures the crossover; below it numba's first load costs more than the loop saves)
-NUMBA_MIN_TERMS = 2_000_000
+# once a search's tables have summed this many (candidate, term) pairs uncompiled (about the
+# time numba takes to import and load the cached kernel: benchmarks/auto.py measures both),
+# its later sums run compiled: at most twice the better of the two, whatever the search's size
+NUMBA_MIN_PAIRS = 2_000_000
 
 
-def table_sums(idx: np.ndarray, mult: np.ndarray, table: np.ndarray, groups: np.ndarray, alpha: np.ndarray,
-               out: np.ndarray) -> None:
-    """Per candidate ``c`` (a row of ``idx``): ``out[c, 0]`` = the seconds of its terms
-    (``table[idx[c, t], 0] * mult[t]``) plus one latency ``alpha[g]`` per collective group
-    ``g`` its terms use (``groups[row]``, -1: none), counted at the largest trip count of
-    the terms using it; ``out[c, 1]`` = its collective bytes."""
-    used = np.zeros(alpha.shape[0], np.float64)
-    for c in range(idx.shape[0]):
+def table_sums(idx, mult, table, groups, alpha, used, out) -> None:
+    """Per candidate ``c`` (a row of ``idx``): ``out[c][0]`` = the seconds of its terms
+    (``table[idx[c][t]][0] * mult[t]``) plus one latency ``alpha[g]`` per collective group
+    ``g`` its terms use (``groups[row]``, -1: none), counted at the largest trip count of the
+    terms using it; ``out[c][1]`` = its collective bytes. ``used``: scratch, one per group.
+    Written for both runners: NumPy arrays under numba, nested lists in Python (list indexing
+    is several times faster than NumPy's scalar indexing there)."""
+    for c in range(len(idx)):
+        row = idx[c]
         s = 0.0
         b = 0.0
-        used[:] = 0.0
-        for t in range(idx.shape[1]):
-            k = idx[c, t]
+        for g in range(len(used)):
+            used[g] = 0.0
+        for t in range(len(row)):
+            k = row[t]
             m = mult[t]
-            s += table[k, 0] * m
-            b += table[k, 1] * m
-            for j in range(groups.shape[1]):
-                g = groups[k, j]
+            tk = table[k]
+            s += tk[0] * m
+            b += tk[1] * m
+            gk = groups[k]
+            for j in range(len(gk)):
+                g = gk[j]
                 if g >= 0 and m > used[g]:
                     used[g] = m
-        for g in range(alpha.shape[0]):
+        for g in range(len(alpha)):
             s += alpha[g] * used[g]
-        out[c, 0] = s
-        out[c, 1] = b
+        out[c][0] = s
+        out[c][1] = b
 
 
 _compiled: Optional[Callable] = None
@@ -85,14 +90,17 @@ def compiled_sums() -> Optional[Callable]:
 
 def sums(idx: np.ndarray, mult: np.ndarray, table: np.ndarray, groups: np.ndarray, alpha: np.ndarray,
          use_numba: Optional[bool] = None) -> np.ndarray:
-    """Per candidate (row of ``idx``): (seconds, collective bytes). ``use_numba=None``: compiled
-    when numba is importable and ``idx.size >= NUMBA_MIN_TERMS``."""
-    out = np.zeros((idx.shape[0], 2), np.float64)
-    fn = None
-    if use_numba or (use_numba is None and idx.size >= NUMBA_MIN_TERMS):
-        fn = compiled_sums()
-    (fn or table_sums)(idx, mult, table, groups, alpha, out)
-    return out
+    """Per candidate (row of ``idx``): (seconds, collective bytes); compiled when ``use_numba``
+    and numba is importable."""
+    fn = compiled_sums() if use_numba else None
+    if fn is not None:
+        out = np.zeros((idx.shape[0], 2), np.float64)
+        fn(idx, mult, table, groups, alpha, np.zeros(alpha.shape[0], np.float64), out)
+        return out
+    out_l = [[0.0, 0.0] for _ in range(idx.shape[0])]
+    table_sums(idx.tolist(), mult.tolist(), table.tolist(), groups.tolist(), alpha.tolist(),
+               [0.0] * alpha.shape[0], out_l)
+    return np.asarray(out_l, np.float64).reshape(-1, 2)
 
 
 def late_values(graph: Graph) -> set:
@@ -158,6 +166,7 @@ class CostTables:
         self._coll: dict = {}
         self._group_of: dict = {}  # (kind, axes) -> group index
         self._alpha: list[float] = []
+        self.pairs = 0  # (candidate, term) pairs summed so far
 
     # -- the table --------------------------------------------------------------------
     @property
@@ -306,4 +315,7 @@ class CostTables:
         if not props:
             return np.zeros((0, 2))
         idx = np.stack([self.indices(p) for p in props])
+        if use_numba is None:
+            use_numba = self.pairs >= NUMBA_MIN_PAIRS
+        self.pairs += idx.size
         return sums(idx, self.mult, self.table, self.groups, self.alpha, use_numba)

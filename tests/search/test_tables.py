@@ -94,7 +94,7 @@ def test_kernel_compiled_and_uncompiled_give_identical_sums():
     assert np.array_equal(plain, fast)
     # and the loop is what it says: the term sums plus one latency per group used
     out = np.zeros((cands, 2))
-    table_sums(idx, mult, table, grp, alpha, out)
+    table_sums(idx, mult, table, grp, alpha, np.zeros(len(alpha)), out)
     for c in range(cands):
         want = (table[idx[c], 0] * mult).sum()
         used = {}
