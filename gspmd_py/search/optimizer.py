@@ -22,6 +22,15 @@ Method, deterministic for a seed:
    have evaluated half as many new states as steps 1-3 did (a count, not a clock: the result
    stays the same on a slower machine; the restarts add at most half the search's work).
 
+Pre-screen (``SCREEN``, on by default; tables.py): in steps 2-4 a neighbour is first
+propagated and priced by the cost tables (per-op compute, per-edge resharding and per-result
+partial-sum terms over its propagation, summed by one kernel), and only the best are priced
+for real: per beam round the ``SCREEN_BEAM`` best children by the tables; per hill-climbing
+round the moves, in their seeded order, go through the tables in chunks of ``SCREEN_CHUNK``,
+those the tables predict better than the current state are priced in the tables' order, the
+first that prices better wins, and the round gives up after ``SCREEN_CLIMB`` priced no better.
+Every score the search keeps is the traced pricer's; the tables only choose what to price.
+
 The time budget is a hard stop checked between candidates (a budget that cuts the search
 short makes the result depend on the machine's speed; the defaults leave room). Progress
 goes to stderr when it is a terminal and the search runs longer than 2 s.
@@ -176,12 +185,16 @@ class _Search:
         return self.ctx.seeds(self.decisions(state), origin=self.who)
 
     def rank(self, states) -> list:
-        """``states`` (canonical, legal) ordered by the cost tables' score (stable), each with
-        its propagation when it is not priced yet (None when it is)."""
+        """``states`` (canonical, legal; repeats dropped) ordered by the cost tables' score
+        (stable), each with its propagation when it is not priced yet (None when it is).
+        Past the time budget, the states not propagated yet are left out."""
         props, todo = {}, []
-        for st in dict.fromkeys(states):
+        states = list(dict.fromkeys(states))
+        for st in states:
             if st in self.memo and st in self.tscore:
                 continue
+            if self.out_of_time():
+                break
             props[st] = self.pricer.propagate(self.seeds(st))
             if st not in self.tscore:
                 todo.append(st)
@@ -191,8 +204,8 @@ class _Search:
                 fits = self.memory_limit is None or self.tables.argument_bytes(props[st]) <= self.memory_limit
                 self.tscore[st] = (0, sec, nb, len(st)) if fits else (1, sec, nb, len(st))
             self.screened += len(todo)
-        order = sorted(range(len(states)), key=lambda i: self.tscore[states[i]])
-        return [(states[i], props.get(states[i])) for i in order]
+        known = [st for st in states if st in self.tscore]
+        return [(st, props.get(st)) for st in sorted(known, key=lambda st: self.tscore[st])]
 
     def progress(self, final: bool = False) -> None:
         if not self._tty:
@@ -317,7 +330,7 @@ class _Search:
         state = self.canon(state)
         if state not in self.tscore:
             self.rank([state])
-        return self.tscore[state]
+        return self.tscore.get(state, (2,))  # (2,): past the budget, nothing is predicted better
 
     def run(self, baselines) -> SearchResult:
         self.beam([()] + [s for _, s in baselines], self.input_actions)  # inputs first: they decide the most
