@@ -138,7 +138,8 @@ class CostTables:
             for op in g.ops:
                 self.ops.append(op)
                 region = bool(op.regions)
-                sig = sigs.setdefault((op.prim, tuple((v.shape, str(v.dtype)) for v in op.inputs)), len(sigs))
+                sig = sigs.setdefault((op.prim, tuple((v.shape, str(v.dtype)) for v in op.inputs + op.outputs)),
+                                      len(sigs))
                 if not region:
                     self._layout.append(("op", op, sig))
                     mult.append(trips)
@@ -273,7 +274,8 @@ class CostTables:
             proj = projs[op.id]
             if kind == "op":
                 fk = tuple(sorted(proj.factors.items()))
-                out[t] = row(("op", lay[2], fk), lambda: self._op_cost(op, prop.rules[op.id], proj.factors, proj))
+                rule = prop.rules[op.id]
+                out[t] = row(("op", lay[2], rule, fk), lambda: self._op_cost(op, rule, proj.factors, proj))
             elif kind == "in":
                 v = lay[3]
                 src, dst = dims_of(v), proj.operand_dims[lay[2]] if lay[2] < len(proj.operand_dims) else None
