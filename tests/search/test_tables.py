@@ -137,3 +137,30 @@ def test_screened_search_is_deterministic_and_no_worse_than_unscreened():
         optimizer.SCREEN = saved
     assert plain.search.screened == 0
     assert res.cost.step_s <= plain.cost.step_s * (1 + 1e-9)
+
+
+def test_a_small_search_sums_uncompiled_and_a_large_one_switches_to_numba(monkeypatch):
+    """The kernel runs as Python until a search's tables have summed NUMBA_MIN_PAIRS pairs
+    (numba's load pays only past that: benchmarks/results/auto.md), then compiled."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'; "
+            "import sys, jax, jax.numpy as jnp, gspmd_py as gp; S = jax.ShapeDtypeStruct; "
+            "r = gp.auto_shard(lambda x, w1, w2: jax.nn.relu(x @ w1) @ w2, gp.Mesh.abstract((2, 4), ('x', 'y')), "
+            "S((64, 256), jnp.float32), S((256, 1024), jnp.float32), S((1024, 256), jnp.float32)); "
+            "assert r.search.screened > 0; assert 'numba' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    pytest.importorskip("numba")
+    from gspmd_py.search import tables as T
+
+    fn, mesh, args, cands = CASES[2]
+    graph = _graph(fn, mesh, args)
+    _, props = _props(graph, mesh, cands)
+    tab = CostTables(graph, mesh, gp.Hardware.preset("h100-node"))
+    calls = []
+    monkeypatch.setattr(T, "sums", lambda *a: calls.append(a[-1]) or np.zeros((len(cands), 2)))
+    monkeypatch.setattr(T, "NUMBA_MIN_PAIRS", 2 * len(cands) * tab.terms)
+    for _ in range(4):
+        tab.price([p for _, p in props])
+    assert calls == [False, False, True, True]
