@@ -243,8 +243,8 @@ def _kernel_args(terms: int, cands: int, seed: int = 0):
     rows, groups = max(terms // 2, 2), 16
     table = rng.random((rows, 2))
     grp = rng.integers(-1, groups, (rows, 2))
-    return (rng.integers(0, rows, (cands, terms)), rng.integers(1, 4, terms).astype(np.float64), table, grp,
-            rng.random(groups))
+    mult = rng.integers(1, 4, terms).astype(np.float64)
+    return rng.integers(0, rows, (cands, terms)), mult, mult, table, grp, rng.random(groups)
 
 
 def _kernel_child(cache_dir: str) -> None:

@@ -43,11 +43,12 @@ LOOP_TRIPS = {"scan": lambda op: int(op.params.get("length", 1))}
 NUMBA_MIN_PAIRS = 2_000_000
 
 
-def table_sums(idx, mult, table, groups, alpha, used, out) -> None:
+def table_sums(idx, mult, amult, table, groups, alpha, used, out) -> None:
     """Per candidate ``c`` (a row of ``idx``): ``out[c][0]`` = the seconds of its terms
     (``table[idx[c][t]][0] * mult[t]``) plus one latency ``alpha[g]`` per collective group
-    ``g`` its terms use (``groups[row]``, -1: none), counted at the largest trip count of the
-    terms using it; ``out[c][1]`` = its collective bytes. ``used``: scratch, one per group.
+    ``g`` its terms use (``groups[row]``, -1: none), counted at the largest ``amult[t]`` (the
+    times the term's collective is issued) of the terms using it; ``out[c][1]`` = its
+    collective bytes. ``used``: scratch, one per group.
     Written for both runners: NumPy arrays under numba, nested lists in Python (list indexing
     is several times faster than NumPy's scalar indexing there)."""
     for c in range(len(idx)):
@@ -65,8 +66,8 @@ def table_sums(idx, mult, table, groups, alpha, used, out) -> None:
             gk = groups[k]
             for j in range(len(gk)):
                 g = gk[j]
-                if g >= 0 and m > used[g]:
-                    used[g] = m
+                if g >= 0 and amult[t] > used[g]:
+                    used[g] = amult[t]
         for g in range(len(alpha)):
             s += alpha[g] * used[g]
         out[c][0] = s
@@ -88,17 +89,17 @@ def compiled_sums() -> Optional[Callable]:
     return _compiled
 
 
-def sums(idx: np.ndarray, mult: np.ndarray, table: np.ndarray, groups: np.ndarray, alpha: np.ndarray,
-         use_numba: Optional[bool] = None) -> np.ndarray:
+def sums(idx: np.ndarray, mult: np.ndarray, amult: np.ndarray, table: np.ndarray, groups: np.ndarray,
+         alpha: np.ndarray, use_numba: Optional[bool] = None) -> np.ndarray:
     """Per candidate (row of ``idx``): (seconds, collective bytes); compiled when ``use_numba``
     and numba is importable."""
     fn = compiled_sums() if use_numba else None
     if fn is not None:
         out = np.zeros((idx.shape[0], 2), np.float64)
-        fn(idx, mult, table, groups, alpha, np.zeros(alpha.shape[0], np.float64), out)
+        fn(idx, mult, amult, table, groups, alpha, np.zeros(alpha.shape[0], np.float64), out)
         return out
     out_l = [[0.0, 0.0] for _ in range(idx.shape[0])]
-    table_sums(idx.tolist(), mult.tolist(), table.tolist(), groups.tolist(), alpha.tolist(),
+    table_sums(idx.tolist(), mult.tolist(), amult.tolist(), table.tolist(), groups.tolist(), alpha.tolist(),
                [0.0] * alpha.shape[0], out_l)
     return np.asarray(out_l, np.float64).reshape(-1, 2)
 
@@ -112,6 +113,26 @@ def late_values(graph: Graph) -> set:
         if op.prim in MATMUL or op.regions or any(v.id in feeds_matmul for v in op.outputs):
             feeds_matmul.update(v.id for v in op.inputs)
     return {v.id for v in graph.values() if v.id not in feeds_matmul}
+
+
+def carried_out(body: Graph) -> set:
+    """Ids of the values of a loop body whose partial sums can reach only the body's outputs
+    through ops that carry them unreduced (partitioner/partial.py: ``linearity``): the
+    partitioner carries them out of the loop and reduces them once, after it."""
+    from ..ops import facts as F
+    from ..ops import facts_of
+
+    users: dict = {}
+    for op in body.ops:
+        for v in op.inputs:
+            users.setdefault(v.id, []).append(op)
+    out: set = set()
+    for op in reversed(body.ops):
+        for v in op.outputs:
+            if all(not u.regions and facts_of(u.prim).linearity != F.NONLINEAR
+                   and all(w.id in out for w in u.outputs) for u in users.get(v.id, ())):
+                out.add(v.id)
+    return out
 
 
 def _local_bytes(shape: Sequence[int], itemsize: int, dims) -> int:
@@ -131,10 +152,12 @@ class CostTables:
         self.graph, self.mesh, self.hw = graph, mesh, hw
         self.ops: list[Op] = []
         mult: list[float] = []
+        amult: list[float] = []
         self._layout: list[tuple] = []  # per term: what it reads, for ``indices``
         sigs: dict = {}
 
-        def visit(g: Graph, trips: float) -> None:
+        def visit(g: Graph, trips: float, outer: float) -> None:
+            carried = carried_out(g) if trips > outer else set()
             for op in g.ops:
                 self.ops.append(op)
                 region = bool(op.regions)
@@ -143,24 +166,30 @@ class CostTables:
                 if not region:
                     self._layout.append(("op", op, sig))
                     mult.append(trips)
+                    amult.append(trips)
                 for i, v in enumerate(op.inputs):
                     if not v.is_const:
                         self._layout.append(("in", op, i, v))
                         mult.append(trips)
+                        amult.append(trips)
                 for i, v in enumerate(op.outputs):
                     self._layout.append(("out", op, i, v))
                     mult.append(trips)
+                    amult.append(trips)
                     if not region:
-                        self._layout.append(("partial", op, i, v))
+                        deferred = v.id in carried
+                        self._layout.append(("partial", op, i, v, deferred or v.id in late))
                         mult.append(trips)
+                        amult.append(outer if deferred else trips)
                 if region:
                     n = LOOP_TRIPS.get(op.prim, lambda op: 1)(op)
                     for sub in op.regions:
-                        visit(sub, trips * n)
+                        visit(sub, trips * n, trips)
 
-        visit(graph, 1.0)
-        self._late = late_values(graph)
+        late = self._late = late_values(graph)
+        visit(graph, 1.0, 1.0)
         self.mult = np.asarray(mult, np.float64)
+        self.amult = np.asarray(amult, np.float64)
         self._keys: dict = {None: 0}
         self._rows: list[tuple[float, float]] = [(0.0, 0.0)]
         self._groups: list[tuple[int, int]] = [(-1, -1)]
@@ -302,7 +331,7 @@ class CostTables:
                     continue
                 v = lay[3]
                 rd, axes, vd = proj.result_dims[lay[2]], proj.partial.axes, dims_of(v)
-                late = v.id in self._late
+                late = lay[4]
                 out[t] = row(("pa", v.shape, v.dtype.itemsize, rd, axes, vd, late),
                              lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd, axes, vd, late))
         return out
@@ -320,4 +349,4 @@ class CostTables:
         if use_numba is None:
             use_numba = self.pairs >= NUMBA_MIN_PAIRS
         self.pairs += idx.size
-        return sums(idx, self.mult, self.table, self.groups, self.alpha, use_numba)
+        return sums(idx, self.mult, self.amult, self.table, self.groups, self.alpha, use_numba)
