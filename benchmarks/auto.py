@@ -8,6 +8,12 @@
   on the h100-node preset; each plan predicted on both, and measured here;
 * search time on deeper programs: a transformer block's training step, a scanned 24-layer
   stack's and 24 unrolled blocks' (small dims);
+* the search's pre-screen (gspmd_py/search/tables.py): every reference program and deeper
+  program searched twice in one run, without the cost tables (every neighbour priced by
+  tracing its per-device program) and with them (neighbours ranked by the tables, the best
+  few traced): search time, candidates, and the chosen plan's predicted step, side by side;
+  and the tables' kernel (``table_sums``) uncompiled against Numba (warm, and its first call
+  in a fresh process) by table size: the crossover;
 * the GSPMD paper's DenseLm layer (d_model 8192, FFN 65536, 128 heads x 128, sequence
   1024; forward) on 128 / 512 / 2,048 TPU v3 cores (abstract meshes, tpu-v3 preset,
   16 GiB per core): the searched plan's predicted step beside the paper's 2D plan's.
@@ -15,6 +21,10 @@
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -161,23 +171,138 @@ def _deep_programs(quick: bool):
                [[[S(s, F32) for s, _ in sh[1:]] for _ in range(DEEP)], x], 60)
 
 
+def _searched(fn, mesh, args, hw, budget: float, screen: bool):
+    """gp.auto_shard with the pre-screen on or off: (result, seconds)."""
+    from gspmd_py.search import optimizer
+
+    saved = optimizer.SCREEN
+    optimizer.SCREEN = screen
+    try:
+        t0 = time.perf_counter()
+        res = gp.auto_shard(fn, mesh, *args, hardware=hw, time_budget_s=budget)
+        return res, time.perf_counter() - t0
+    finally:
+        optimizer.SCREEN = saved
+
+
+def _ab_cells(before, after, budget: float) -> list[str]:
+    (rb, tb), (ra, ta) = before, after
+    cut = lambda r: " (budget reached)" if r.search.seconds >= budget else ""
+    pb, pa = rb.cost.step_s, ra.cost.step_s
+    verdict = ("same plan" if rb.search.best.actions == ra.search.best.actions
+               else "better" if pa < pb * (1 - 1e-9) else "equal step" if pa <= pb * (1 + 1e-9) else "WORSE")
+    return [f"{tb:.1f} s{cut(rb)}", f"{rb.explored} / {rb.search.programs}", fmt_s(pb),
+            f"{ta:.1f} s{cut(ra)}", f"{ra.explored} / {ra.search.programs} / {ra.search.screened}", fmt_s(pa),
+            f"{tb / ta:.2f}x", verdict]
+
+
+AB_HEAD = ["without tables: search", "candidates / programs", "predicted", "with tables: search",
+           "candidates / programs / screened", "predicted", "speedup", "plan"]
+
+
 def search_times(quick: bool) -> str:
     mesh = gp.Mesh((2, 4), ("x", "y"))
     hw = calibrated((2, 4), ("x", "y"))
     rows = []
     for name, fn, args, target in _deep_programs(quick):
-        t0 = time.perf_counter()
-        res = gp.auto_shard(fn, mesh, *args, hardware=hw, time_budget_s=120)
-        st = time.perf_counter() - t0
-        s = res.search
+        before = _searched(fn, mesh, args, hw, 120, False)
+        after = _searched(fn, mesh, args, hw, 120, True)
+        s = after[0].search
         best_hand = min(c.price.step_s for _, c in s.baselines)
-        cut = " (budget of 120 s reached)" if s.seconds >= 120 else ""
-        rows.append([name, f"{st:.1f} s{cut}", f"<= {target} s", f"{s.explored} / {s.programs}", str(len(s.classes)),
-                     fmt_s(res.cost.step_s), fmt_s(best_hand)])
-        print(f"  search {name}: {st:.1f} s (target {target} s), {s.explored} candidates", flush=True)
-    return md_table(["program (small dims, (2, 4) mesh, calibrated)", "search time", "target",
-                     "candidates / programs priced", "decision classes", "searched predicted",
-                     "best start (hand-written) predicted"], rows)
+        rows.append([name, f"<= {target} s", str(len(s.classes))] + _ab_cells(before, after, 120) + [fmt_s(best_hand)])
+        print(f"  search {name}: {before[1]:.1f} s without tables, {after[1]:.1f} s with (target {target} s); "
+              f"predicted {fmt_s(before[0].cost.step_s)} / {fmt_s(after[0].cost.step_s)}", flush=True)
+    return md_table(["program (small dims, (2, 4) mesh, calibrated)", "target", "decision classes"] + AB_HEAD
+                    + ["best start (hand-written) predicted"], rows)
+
+
+def prescreen_reference(quick: bool) -> str:
+    """The reference programs searched without and with the cost tables (calibrated, h100-node)."""
+    preset = gp.Hardware.preset("h100-node")
+    rows = []
+    for name, _, _ in REFERENCE:
+        prog = programs()[name]
+        mesh = gp.Mesh(prog.mesh_shape, prog.axis_names)
+        args = prog.args(quick)
+        plain = prog.make(lambda x, spec: x)
+        for label, hw in (("calibrated", calibrated(prog.mesh_shape, prog.axis_names)), ("h100-node", preset)):
+            before = _searched(plain, mesh, args, hw, 60, False)
+            after = _searched(plain, mesh, args, hw, 60, True)
+            rows.append([prog.title, label] + _ab_cells(before, after, 60))
+            print(f"  pre-screen {prog.title} ({label}): {before[1]:.1f} s -> {after[1]:.1f} s, predicted "
+                  f"{fmt_s(before[0].cost.step_s)} -> {fmt_s(after[0].cost.step_s)}", flush=True)
+    return md_table(["program", "hardware"] + AB_HEAD, rows)
+
+
+# -- the tables' kernel: uncompiled vs Numba ---------------------------------------------------
+KERNEL_SIZES = ((739, 8), (739, 64), (18_000, 8), (18_000, 64), (100_000, 64), (100_000, 512))
+
+
+def _kernel_args(terms: int, cands: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rows, groups = max(terms // 2, 2), 16
+    table = rng.random((rows, 2))
+    grp = rng.integers(-1, groups, (rows, 2))
+    mult = rng.integers(1, 4, terms).astype(np.float64)
+    return rng.integers(0, rows, (cands, terms)), mult, mult, table, grp, rng.random(groups)
+
+
+def _kernel_child(cache_dir: str) -> None:
+    """In a fresh process: the first compiled call (numba import + compile or cache load)."""
+    os.environ["NUMBA_CACHE_DIR"] = cache_dir
+    t0 = time.perf_counter()
+    from gspmd_py.search import tables
+
+    tables.sums(*_kernel_args(739, 8), use_numba=True)
+    print(json.dumps({"first": time.perf_counter() - t0}))
+
+
+def _first_call(cache_dir: str) -> float:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"from benchmarks.auto import _kernel_child; _kernel_child({cache_dir!r})"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["first"]
+
+
+def kernel_crossover(quick: bool) -> tuple[str, str]:
+    import tempfile
+
+    from gspmd_py.search import tables
+
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "numba is not installed: the kernel runs uncompiled only.", ""
+    with tempfile.TemporaryDirectory() as d:
+        cold = _first_call(d)  # nothing cached: import + compile
+        warm_load = min(_first_call(d) for _ in range(2 if quick else 3))  # compiled once: import + cache load
+    rows, cross = [], None
+    for terms, cands in KERNEL_SIZES[: 4 if quick else None]:
+        args = _kernel_args(terms, cands)
+        t_py = _best_of(lambda: tables.sums(*args, use_numba=False), 1 if terms * cands > 5e6 else 3)
+        t_nb = _best_of(lambda: tables.sums(*args, use_numba=True), 5)
+        assert np.array_equal(tables.sums(*args, use_numba=False), tables.sums(*args, use_numba=True))
+        rows.append([f"{terms:,} x {cands}", f"{terms * cands:,}", fmt_s(t_py), fmt_s(t_nb), f"{t_py / t_nb:.0f}x",
+                     f"{warm_load / max(t_py - t_nb, 1e-12):.1f}"])
+        if cross is None and t_py - t_nb >= warm_load:
+            cross = terms * cands
+    note = (f"numba's first compiled call in a fresh process: {fmt_s(cold)} with nothing cached (import + compile), "
+            f"{fmt_s(warm_load)} from the on-disk cache (import + load). One uncompiled call costs as much as that "
+            + (f"from about {cross:,} (candidate, term) pairs" if cross else "at none of these sizes")
+            + f"; a search switches to the compiled kernel once its tables have summed tables.NUMBA_MIN_PAIRS = "
+            f"{tables.NUMBA_MIN_PAIRS:,} pairs uncompiled.")
+    return md_table(["terms x candidates", "(candidate, term) pairs", "uncompiled", "numba (warm)", "ratio",
+                     "calls to repay the cached load"], rows), note
+
+
+def _best_of(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 # -- DenseLm layer (GSPMD paper) ------------------------------------------------------------
@@ -240,6 +365,16 @@ def run(quick: bool) -> str:
             "(a plan for H100s, measured here only for comparison). Targets: the searched plan never predicted "
             "slower than the best hand-written plan; measured within 10% of (or faster than) it.\n\n"
             + table + "\n\n" + "\n".join(f"* {n}" for n in notes) + "\n")
-    text += "\n## Search time (this machine)\n\n" + search_times(quick) + "\n"
+    text += ("\n## Search time (this machine), without and with the cost tables' pre-screen\n\n"
+             "`without tables`: every neighbour priced by building its per-device program (the search before "
+             "gspmd_py/search/tables.py); `with tables`: neighbours ranked by the cost tables over their "
+             "propagation, the best few priced by building their program (the default). Both in this run, one "
+             "after the other; `screened`: states the tables ranked.\n\n" + search_times(quick) + "\n")
+    text += ("\n## Pre-screen on the reference programs\n\n" + prescreen_reference(quick) + "\n")
+    ktable, knote = kernel_crossover(quick)
+    text += ("\n## The tables' kernel: uncompiled vs Numba\n\n`tables.table_sums` (one loop over candidates x "
+             "terms) run as Python and compiled by `numba.njit(cache=True)`, on random tables of the sizes the "
+             "search meets (739 terms: a transformer block's training step; 18,000: 24 unrolled blocks; 8-64 "
+             "candidates per call).\n\n" + ktable + "\n\n" + knote + "\n")
     text += ("\n## DenseLm layer (GSPMD paper), tpu-v3 preset, 16 GiB per core, forward\n\n" + denselm(quick) + "\n")
     return text

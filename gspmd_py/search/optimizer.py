@@ -22,6 +22,15 @@ Method, deterministic for a seed:
    have evaluated half as many new states as steps 1-3 did (a count, not a clock: the result
    stays the same on a slower machine; the restarts add at most half the search's work).
 
+Pre-screen (``SCREEN``, on by default; tables.py): in steps 2-4 a neighbour is first
+propagated and priced by the cost tables (per-op compute, per-edge resharding and per-result
+partial-sum terms over its propagation, summed by one kernel), and only the best are priced
+for real: per beam round the ``SCREEN_BEAM`` best children by the tables; per hill-climbing
+round the moves, in their seeded order, go through the tables in chunks of ``SCREEN_CHUNK``,
+those the tables predict better than the current state are priced in the tables' order, the
+first that prices better wins, and the round gives up after ``SCREEN_CLIMB`` priced no better.
+Every score the search keeps is the traced pricer's; the tables only choose what to price.
+
 The time budget is a hard stop checked between candidates (a budget that cuts the search
 short makes the result depend on the machine's speed; the defaults leave room). Progress
 goes to stderr when it is a terminal and the search runs longer than 2 s.
@@ -43,10 +52,18 @@ from .baselines import baseline_states
 from .context import TacticContext
 from .points import PointClass, point_classes
 from .price import Price, Pricer
+from .tables import CostTables
 
 BEAM = 2
 PATIENCE = 3
 RESTART_SHARE = 0.5  # the restarts evaluate at most this share of the states steps 1-3 did
+# the pre-screen (tables.py): neighbours are ranked by the cost tables over their propagation,
+# and only the best are priced for real: per beam round the SCREEN_BEAM best children, per
+# hill-climbing round moves in table order until SCREEN_CLIMB of them priced no better
+SCREEN = True
+SCREEN_BEAM = 3 * BEAM
+SCREEN_CLIMB = 3
+SCREEN_CHUNK = 8
 
 Action = tuple  # (class index, dim, axis name)
 
@@ -78,6 +95,7 @@ class SearchResult:
     hardware: str
     memory_limit: Optional[float]
     classes: tuple[PointClass, ...]
+    screened: int = 0  # states the cost tables ranked (the pre-screen; tables.py)
 
 
 def bytes_text(b: float) -> str:
@@ -90,7 +108,7 @@ def bytes_text(b: float) -> str:
 
 class _Search:
     def __init__(self, ctx: TacticContext, axes: Sequence[str], hw, memory_limit, budget: float, seed: int,
-                 who: str):
+                 who: str, screen: Optional[bool] = None):
         self.ctx, self.axes, self.hw = ctx, tuple(axes), hw
         self.memory_limit = memory_limit
         self.t0 = time.perf_counter()
@@ -107,6 +125,10 @@ class _Search:
         self._shown = 0.0
         self.cap = float("inf")  # evaluation cap, set when the restarts begin
         self._tty = sys.stderr.isatty()
+        self.screen = SCREEN if screen is None else screen
+        self.tables = CostTables(ctx.graph, ctx.mesh, hw) if self.screen else None
+        self.tscore: dict = {}  # state -> the tables' score (pre-screen)
+        self.screened = 0  # states ranked by the tables
 
     # -- states ----------------------------------------------------------------------
     def canon(self, state) -> tuple:
@@ -145,14 +167,12 @@ class _Search:
     def out_of_time(self) -> bool:
         return time.perf_counter() > self.deadline
 
-    def evaluate(self, state) -> tuple:
+    def evaluate(self, state, prop=None) -> tuple:
         state = self.canon(state)
         got = self.memo.get(state)
         if got is not None:
             return got
-        dec = self.decisions(state)
-        seeds = self.ctx.seeds(dec, origin=self.who)
-        price, _ = self.pricer.price(seeds)
+        price, _ = self.pricer.price(self.seeds(state), prop)
         fits = self.memory_limit is None or price.peak_memory_bytes <= self.memory_limit
         score = ((0, price.step_s, price.comm_bytes, len(state)) if fits
                  else (1, price.peak_memory_bytes, price.step_s, len(state)))
@@ -160,6 +180,32 @@ class _Search:
         got = self.memo[state] = (score, cand, self.pricer.last_key)
         self.progress()
         return got
+
+    def seeds(self, state) -> list:
+        return self.ctx.seeds(self.decisions(state), origin=self.who)
+
+    def rank(self, states) -> list:
+        """``states`` (canonical, legal; repeats dropped) ordered by the cost tables' score
+        (stable), each with its propagation when it is not priced yet (None when it is).
+        Past the time budget, the states not propagated yet are left out."""
+        props, todo = {}, []
+        states = list(dict.fromkeys(states))
+        for st in states:
+            if st in self.memo and st in self.tscore:
+                continue
+            if self.out_of_time():
+                break
+            props[st] = self.pricer.propagate(self.seeds(st))
+            if st not in self.tscore:
+                todo.append(st)
+        if todo:
+            tab = self.tables.price([props[st] for st in todo])
+            for st, (sec, nb) in zip(todo, tab):
+                fits = self.memory_limit is None or self.tables.argument_bytes(props[st]) <= self.memory_limit
+                self.tscore[st] = (0, sec, nb, len(st)) if fits else (1, sec, nb, len(st))
+            self.screened += len(todo)
+        known = [st for st in states if st in self.tscore]
+        return [(st, props.get(st)) for st in sorted(known, key=lambda st: self.tscore[st])]
 
     def progress(self, final: bool = False) -> None:
         if not self._tty:
@@ -188,7 +234,14 @@ class _Search:
         beam = self._top(beam)
         while beam and not self.out_of_time():
             children = []
-            for _, cand, _ in beam:
+            if self.screen:
+                kids = [self.canon(cand.actions + (act,)) for _, cand, _ in beam for act in actions
+                        if self.legal(cand.actions, act)]
+                for st, prop in self.rank(kids)[:SCREEN_BEAM]:
+                    if self.out_of_time():
+                        break
+                    children.append(self.evaluate(st, prop))
+            for _, cand, _ in (() if self.screen else beam):
                 for act in actions:
                     if self.out_of_time():
                         break
@@ -235,6 +288,9 @@ class _Search:
             moves = [("add", a) for a in self.actions if self.legal(cur[1].actions, a)]
             moves += [("drop", a) for a in cur[1].actions]
             self.rng.shuffle(moves)
+            if self.screen:
+                cur, improved = self._climb_screened(cur, moves)
+                continue
             for kind, a in moves:
                 if self.out_of_time() or len(self.memo) >= self.cap:
                     break
@@ -245,6 +301,36 @@ class _Search:
                     cur, improved = got, True
                     break
         return cur
+
+    def _climb_screened(self, cur, moves) -> tuple:
+        """One hill-climbing round: ``moves`` (in their seeded order) go in chunks of
+        SCREEN_CHUNK through the tables; in each chunk, the moves the tables predict better
+        than ``cur`` are priced in the tables' order, the first that prices better wins. The
+        round gives up after SCREEN_CLIMB priced no better."""
+        acts = cur[1].actions
+        states = [self.canon(acts + (a,) if kind == "add" else tuple(x for x in acts if x != a)) for kind, a in moves]
+        here = self.table_score(acts)
+        misses = 0
+        for i in range(0, len(states), SCREEN_CHUNK):
+            for st, prop in self.rank(states[i:i + SCREEN_CHUNK]):
+                if self.out_of_time() or len(self.memo) >= self.cap:
+                    return cur, False
+                if not self.tscore[st] < here:
+                    break
+                fresh = st not in self.memo
+                got = self.evaluate(st, prop)
+                if got[0] < cur[0]:
+                    return got, True
+                misses += fresh
+                if misses >= SCREEN_CLIMB:
+                    return cur, False
+        return cur, False
+
+    def table_score(self, state) -> tuple:
+        state = self.canon(state)
+        if state not in self.tscore:
+            self.rank([state])
+        return self.tscore.get(state, (2,))  # (2,): past the budget, nothing is predicted better
 
     def run(self, baselines) -> SearchResult:
         self.beam([()] + [s for _, s in baselines], self.input_actions)  # inputs first: they decide the most
@@ -269,16 +355,16 @@ class _Search:
         base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
         return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
-                            self.memory_limit, tuple(self.classes))
+                            self.memory_limit, tuple(self.classes), self.screened)
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,
-           seed: int = 0, who: str = "auto") -> SearchResult:
+           seed: int = 0, who: str = "auto", screen: Optional[bool] = None) -> SearchResult:
     """Search shardings over ``axes`` on top of ``ctx``'s decisions (see the module docstring)."""
     from ..cost import Hardware
 
     hw = hardware or Hardware.preset("h100-node")
-    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who)
+    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen)
     baselines = [(name, s.canon(st)) for name, st in baseline_states(ctx, s.classes, tuple(axes))]
     baselines = [(n, st) for n, st in baselines if s.decisions(st) is not None]
     return s.run(baselines)

@@ -107,8 +107,9 @@ class Pricer:
             self._template = Propagation(self.graph, self.mesh, [])
         return self._template.with_seeds(seeds).run()
 
-    def price(self, seeds: Sequence[Seed]) -> tuple[Price, Propagation]:
-        prop = self.propagate(seeds)
+    def price(self, seeds: Sequence[Seed], prop: Optional[Propagation] = None) -> tuple[Price, Propagation]:
+        """``prop``: the seeds' propagation when the caller ran it already (the search's pre-screen)."""
+        prop = self.propagate(seeds) if prop is None else prop
         key = fingerprint(prop, self.graph)
         self.last_key = key
         got = self._memo.get(key)

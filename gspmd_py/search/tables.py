@@ -1,0 +1,380 @@
+"""Cost tables for the search's pre-screen (Alpa / automap style): price a propagated
+candidate without building its per-device program.
+
+A candidate's propagation (search/price.py) gives every op its projection (factor -> mesh
+axes) and every value its sharding. ``CostTables`` turns that into one integer per *term*,
+a fixed list per graph:
+
+* one compute term per op: its local FLOPs and bytes under the projection (matmul rate for
+  dot/conv, else the vector rate or memory bandwidth, whichever binds);
+* one resharding term per operand edge (the value's sharding -> the operand dims the
+  projection executes) and per result edge (the result dims -> the value's sharding):
+  all-gather of the axes the target drops, all-to-all of the axes it moves to another dim;
+* one partial term per result of an op with sharded reduction factors: the all-reduce (or
+  reduce-scatter, when the value keeps the axes) that combines it.
+
+Each term's integer indexes a row of one table (seconds, collective bytes per device),
+filled once per distinct (op signature, layout) or (value type, source layout, target
+layout) and shared by every candidate and every repeated layer. Collectives are priced by
+``Hardware.collective_time`` (the cost model's alpha-beta formulas, not a copy). A term
+inside a loop body counts its trip count (scan ``length``; a while loop once).
+
+The sum over terms is ``table_sums``: a plain loop over (candidate, term) written once,
+run as Python, or compiled with ``numba.njit(cache=True)`` when numba is importable and the
+search has summed enough that it pays (``NUMBA_MIN_PAIRS``; measured below). The tables rank
+candidates; the traced pricer (price.py) stays authoritative for every score the search
+keeps.
+
+Loops: a partial sum inside a loop body that only ops carrying partials unreduced lead to the
+body's outputs (partitioner/partial.py's ``linearity``: a gradient accumulated in a carry)
+is reduced once after the loop, and its latency counts so. Latencies of independent
+collectives (values no matmul depends on: gradient syncs) count once per (kind, axes), as the
+combiner issues them; the others once per collective.
+
+Measured (``python -m benchmarks --only auto``, benchmarks/results/auto.md; 2 shared cores,
+(2, 4) mesh of CPU devices, calibrated hardware; each search run without and with the
+pre-screen in the same run)::
+
+    program                                without tables          with tables              predicted
+    transformer block training step        9.0 s (235 programs)    2.3 s (21 + 197 ranked)  2.1 ms, same plan
+    scanned 24-layer stack training step   8.3 s (98)              4.1 s (18 + 161)         55.7 ms, same plan
+    24 unrolled blocks training step       123.5 s (budget, 73)    96.7 s (21 + 155)        42.8 ms, same plan
+    reference programs, calibrated and h100-node (10 searches): 1.4-4.1x faster, every plan the
+    same or of equal predicted step; DenseLm on 128-2,048 TPU v3 cores: the same steps in 2-4 s
+    (40 candidates) where the search took 9-10 s (481-588)
+
+After the pre-screen, propagating the neighbours (10-15 ms each for a block, 0.5 s for 24
+blocks) is most of a search; the tables themselves (``indices``: about 1 ms per candidate for
+a block) and their sums are not. The kernel, Python against numba, by size (same sums,
+bit for bit): 739 terms x 8 candidates 1.2 ms / 13.5 us; 18,000 x 8 58 ms / 0.41 ms; 18,000
+x 64 385 ms / 3.5 ms; 100,000 x 64 7.3 s / 25 ms. numba's first compiled call in a fresh
+process costs 0.56 s (compile) or 0.38 s (cached load): one call pays for it from about 10^6
+(candidate, term) pairs. A block's whole search sums about 1.5 x 10^5 pairs (numba never pays
+there and is not loaded), 24 unrolled blocks (20,519 terms) about 3.2 x 10^6 (it loads
+after 2 x 10^6: about break-even); it pays for graphs of 10^5 terms and more.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..ir import Graph, Op
+from ..mesh import Mesh
+from ..propagation import Propagation
+
+MATMUL = frozenset(("dot_general", "conv_general_dilated"))
+LOOP_TRIPS = {"scan": lambda op: int(op.params.get("length", 1))}
+# once a search's tables have summed this many (candidate, term) pairs uncompiled (about the
+# time numba takes to import and load the cached kernel: benchmarks/auto.py measures both),
+# its later sums run compiled: at most twice the better of the two, whatever the search's size
+NUMBA_MIN_PAIRS = 2_000_000
+
+
+def table_sums(idx, mult, amult, table, groups, alpha, used, out) -> None:
+    """Per candidate ``c`` (a row of ``idx``): ``out[c][0]`` = the seconds of its terms
+    (``table[idx[c][t]][0] * mult[t]``) plus one latency ``alpha[g]`` per collective group
+    ``g`` its terms use (``groups[row]``, -1: none), counted at the largest ``amult[t]`` (the
+    times the term's collective is issued) of the terms using it; ``out[c][1]`` = its
+    collective bytes. ``used``: scratch, one per group.
+    Written for both runners: NumPy arrays under numba, nested lists in Python (list indexing
+    is several times faster than NumPy's scalar indexing there)."""
+    for c in range(len(idx)):
+        row = idx[c]
+        s = 0.0
+        b = 0.0
+        for g in range(len(used)):
+            used[g] = 0.0
+        for t in range(len(row)):
+            k = row[t]
+            m = mult[t]
+            tk = table[k]
+            s += tk[0] * m
+            b += tk[1] * m
+            gk = groups[k]
+            for j in range(len(gk)):
+                g = gk[j]
+                if g >= 0 and amult[t] > used[g]:
+                    used[g] = amult[t]
+        for g in range(len(alpha)):
+            s += alpha[g] * used[g]
+        out[c][0] = s
+        out[c][1] = b
+
+
+_compiled: Optional[Callable] = None
+
+
+def compiled_sums() -> Optional[Callable]:
+    """``table_sums`` compiled by numba (cached on disk), or None when numba is not installed."""
+    global _compiled
+    if _compiled is None:
+        try:
+            import numba
+        except ImportError:
+            return None
+        _compiled = numba.njit(cache=True)(table_sums)
+    return _compiled
+
+
+def sums(idx: np.ndarray, mult: np.ndarray, amult: np.ndarray, table: np.ndarray, groups: np.ndarray,
+         alpha: np.ndarray, use_numba: Optional[bool] = None) -> np.ndarray:
+    """Per candidate (row of ``idx``): (seconds, collective bytes); compiled when ``use_numba``
+    and numba is importable."""
+    fn = compiled_sums() if use_numba else None
+    if fn is not None:
+        out = np.zeros((idx.shape[0], 2), np.float64)
+        fn(idx, mult, amult, table, groups, alpha, np.zeros(alpha.shape[0], np.float64), out)
+        return out
+    out_l = [[0.0, 0.0] for _ in range(idx.shape[0])]
+    table_sums(idx.tolist(), mult.tolist(), amult.tolist(), table.tolist(), groups.tolist(), alpha.tolist(),
+               [0.0] * alpha.shape[0], out_l)
+    return np.asarray(out_l, np.float64).reshape(-1, 2)
+
+
+def late_values(graph: Graph) -> set:
+    """Ids of the top-level values no matmul depends on (a training step's gradient syncs,
+    the updates after them): their collectives are independent of one another, and the
+    combiner issues those of one kind over the same axes as one (one latency)."""
+    feeds_matmul: set = set()
+    for op in reversed(graph.ops):
+        if op.prim in MATMUL or op.regions or any(v.id in feeds_matmul for v in op.outputs):
+            feeds_matmul.update(v.id for v in op.inputs)
+    return {v.id for v in graph.values() if v.id not in feeds_matmul}
+
+
+def carried_out(body: Graph) -> set:
+    """Ids of the values of a loop body whose partial sums can reach only the body's outputs
+    through ops that carry them unreduced (partitioner/partial.py: ``linearity``): the
+    partitioner carries them out of the loop and reduces them once, after it."""
+    from ..ops import facts as F
+    from ..ops import facts_of
+
+    users: dict = {}
+    for op in body.ops:
+        for v in op.inputs:
+            users.setdefault(v.id, []).append(op)
+    out: set = set()
+    for op in reversed(body.ops):
+        for v in op.outputs:
+            if all(not u.regions and facts_of(u.prim).linearity != F.NONLINEAR
+                   and all(w.id in out for w in u.outputs) for u in users.get(v.id, ())):
+                out.add(v.id)
+    return out
+
+
+def _local_bytes(shape: Sequence[int], itemsize: int, dims) -> int:
+    n = itemsize
+    for s, axes in zip(shape, dims):
+        k = 1
+        for a in axes:
+            k *= a.size
+        n *= -(-s // k)
+    return n
+
+
+class CostTables:
+    """The terms of one graph and the table they index (see the module docstring)."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, hw):
+        self.graph, self.mesh, self.hw = graph, mesh, hw
+        self.ops: list[Op] = []
+        mult: list[float] = []
+        amult: list[float] = []
+        self._layout: list[tuple] = []  # per term: what it reads, for ``indices``
+        sigs: dict = {}
+
+        def visit(g: Graph, trips: float, outer: float) -> None:
+            carried = carried_out(g) if trips > outer else set()
+            for op in g.ops:
+                self.ops.append(op)
+                region = bool(op.regions)
+                sig = sigs.setdefault((op.prim, tuple((v.shape, str(v.dtype)) for v in op.inputs + op.outputs)),
+                                      len(sigs))
+                if not region:
+                    self._layout.append(("op", op, sig))
+                    mult.append(trips)
+                    amult.append(trips)
+                for i, v in enumerate(op.inputs):
+                    if not v.is_const:
+                        self._layout.append(("in", op, i, v))
+                        mult.append(trips)
+                        amult.append(trips)
+                for i, v in enumerate(op.outputs):
+                    self._layout.append(("out", op, i, v))
+                    mult.append(trips)
+                    amult.append(trips)
+                    if not region:
+                        deferred = v.id in carried
+                        self._layout.append(("partial", op, i, v, deferred or v.id in late))
+                        mult.append(trips)
+                        amult.append(outer if deferred else trips)
+                if region:
+                    n = LOOP_TRIPS.get(op.prim, lambda op: 1)(op)
+                    for sub in op.regions:
+                        visit(sub, trips * n, trips)
+
+        late = self._late = late_values(graph)
+        visit(graph, 1.0, 1.0)
+        self.mult = np.asarray(mult, np.float64)
+        self.amult = np.asarray(amult, np.float64)
+        self._keys: dict = {None: 0}
+        self._rows: list[tuple[float, float]] = [(0.0, 0.0)]
+        self._groups: list[tuple[int, int]] = [(-1, -1)]
+        self._coll: dict = {}
+        self._group_of: dict = {}  # (kind, axes) -> group index
+        self._alpha: list[float] = []
+        self.pairs = 0  # (candidate, term) pairs summed so far
+
+    # -- the table --------------------------------------------------------------------
+    @property
+    def table(self) -> np.ndarray:
+        return np.asarray(self._rows, np.float64).reshape(-1, 2)
+
+    @property
+    def groups(self) -> np.ndarray:
+        return np.asarray(self._groups, np.int64).reshape(-1, 2)
+
+    @property
+    def alpha(self) -> np.ndarray:
+        return np.asarray(self._alpha, np.float64)
+
+    @property
+    def terms(self) -> int:
+        return len(self.mult)
+
+    def _row(self, key, make: Callable[[], tuple]) -> int:
+        k = self._keys.get(key)
+        if k is None:
+            k = self._keys[key] = len(self._rows)
+            seconds, nbytes, groups = make()
+            self._rows.append((seconds, nbytes))
+            self._groups.append((tuple(groups) + (-1, -1))[:2])
+        return k
+
+    def _coll_time(self, kind: str, nbytes: int, axes: tuple, grouped: bool = False) -> tuple[float, int]:
+        """(bandwidth seconds, latency group) of one collective: its latency (``collective_time``
+        of one byte) is charged once per group (kind, axes) per candidate, as the combiner
+        issues independent collectives of one kind over the same axes as one."""
+        key = (kind, nbytes, axes)
+        got = self._coll.get(key)
+        if got is None:
+            names = [str(a) for a in axes]
+            g = self._group_of.get((kind, axes))
+            if g is None:
+                g = self._group_of[(kind, axes)] = len(self._alpha)
+                self._alpha.append(self.hw.collective_time(kind, 1, self.mesh, names))
+            t = self.hw.collective_time(kind, nbytes, self.mesh, names)
+            got = self._coll[key] = (max(t - self._alpha[g], 0.0), g) if grouped else (t, -1)
+        return got
+
+    # -- terms ------------------------------------------------------------------------
+    def _op_cost(self, op: Op, rule, factors: dict, proj) -> tuple:
+        hw = self.hw
+        total = 1.0
+        for f in rule.factors:
+            total *= f.size
+        shards = 1
+        for axes in factors.values():
+            for a in axes:
+                shards *= a.size
+        work = total / shards
+        nb = 0
+        for v, dims in zip(op.inputs, proj.operand_dims):
+            nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
+        for v, dims in zip(op.outputs, proj.result_dims):
+            nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
+        if op.prim in MATMUL and op.inputs:
+            ct = 2 * work / hw.peak(op.inputs[0].dtype)
+        else:
+            ct = work / hw.vector_flops
+        return max(ct, nb / hw.mem_bandwidth), 0.0, ()
+
+    def _reshard_cost(self, shape, itemsize: int, src, dst, grouped: bool) -> tuple:
+        if src == dst:
+            return 0.0, 0.0, ()
+        nb = _local_bytes(shape, itemsize, src)
+        where = {a: d for d, axes in enumerate(dst) for a in axes}
+        gather, moved = [], []
+        for d, axes in enumerate(src):
+            for a in axes:
+                e = where.get(a)
+                if e is None:
+                    gather.append(a)
+                elif e != d:
+                    moved.append(a)
+        t = b = 0.0
+        groups = []
+        for kind, axes in (("all-to-all", moved), ("all-gather", gather)):
+            if axes:
+                dt, g = self._coll_time(kind, nb, tuple(axes), grouped)
+                t, b = t + dt, b + nb
+                groups.append(g)
+        return t, b, groups
+
+    def _partial_cost(self, shape, itemsize: int, rdims, axes, vdims, grouped: bool) -> tuple:
+        nb = _local_bytes(shape, itemsize, rdims)
+        kept = {a for d in vdims for a in d}
+        kind = "reduce-scatter" if all(a in kept for a in axes) else "all-reduce"
+        t, g = self._coll_time(kind, nb, tuple(axes), grouped)
+        return t, float(nb), (g,)
+
+    def indices(self, prop: Propagation) -> np.ndarray:
+        """Row of the table per term for one propagated candidate (new rows filled as met)."""
+        out = np.empty(len(self._layout), np.int64)
+        projs = prop.projections
+        dims_of = prop.dims_of
+        row = self._row
+        seen: set = set()  # (value, target): a value resharded once per target, whatever reads it
+        for t, lay in enumerate(self._layout):
+            kind, op = lay[0], lay[1]
+            proj = projs[op.id]
+            if kind == "op":
+                fk = tuple(sorted(proj.factors.items()))
+                rule = prop.rules[op.id]
+                out[t] = row(("op", lay[2], rule, fk), lambda: self._op_cost(op, rule, proj.factors, proj))
+            elif kind == "in":
+                v = lay[3]
+                src, dst = dims_of(v), proj.operand_dims[lay[2]] if lay[2] < len(proj.operand_dims) else None
+                if dst is None or src == dst or (v.id, dst) in seen:
+                    out[t] = 0
+                    continue
+                seen.add((v.id, dst))
+                late = v.id in self._late
+                out[t] = row(("re", v.shape, v.dtype.itemsize, src, dst, late),
+                             lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src, dst, late))
+            elif kind == "out":
+                v = lay[3]
+                i = lay[2]
+                src, dst = (proj.result_dims[i] if i < len(proj.result_dims) else None), dims_of(v)
+                if src is None or src == dst:
+                    out[t] = 0
+                    continue
+                late = v.id in self._late
+                out[t] = row(("re", v.shape, v.dtype.itemsize, src, dst, late),
+                             lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src, dst, late))
+            else:
+                if proj.partial is None or lay[2] >= len(proj.result_dims):
+                    out[t] = 0
+                    continue
+                v = lay[3]
+                rd, axes, vd = proj.result_dims[lay[2]], proj.partial.axes, dims_of(v)
+                late = lay[4]
+                out[t] = row(("pa", v.shape, v.dtype.itemsize, rd, axes, vd, late),
+                             lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd, axes, vd, late))
+        return out
+
+    def argument_bytes(self, prop: Propagation) -> int:
+        """Local bytes of the inputs and outputs (a lower bound of the peak, for memory limits)."""
+        return sum(_local_bytes(v.shape, v.dtype.itemsize, prop.dims_of(v))
+                   for v in list(self.graph.inputs) + list(self.graph.outputs) if not v.is_const)
+
+    def price(self, props: Sequence[Propagation], use_numba: Optional[bool] = None) -> np.ndarray:
+        """(seconds, collective bytes) per candidate."""
+        if not props:
+            return np.zeros((0, 2))
+        idx = np.stack([self.indices(p) for p in props])
+        if use_numba is None:
+            use_numba = self.pairs >= NUMBA_MIN_PAIRS
+        self.pairs += idx.size
+        return sums(idx, self.mult, self.amult, self.table, self.groups, self.alpha, use_numba)
