@@ -235,7 +235,7 @@ def prescreen_reference(quick: bool) -> str:
 
 
 # -- the tables' kernel: uncompiled vs Numba ---------------------------------------------------
-KERNEL_SIZES = ((739, 8), (739, 64), (18_000, 8), (18_000, 64), (100_000, 64), (100_000, 512))
+KERNEL_SIZES = ((739, 8), (739, 64), (18_000, 8), (18_000, 64), (100_000, 64))
 
 
 def _kernel_args(terms: int, cands: int, seed: int = 0):
