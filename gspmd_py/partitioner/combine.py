@@ -7,9 +7,10 @@ last of them could, and everything that used an earlier one's result moves after
 stable topological order). Groups grow in program order up to ``threshold`` bytes::
 
     g1 = psum(dW1, x); g2 = psum(dW2, x); g3 = psum(db, x)      (three gradient syncs)
-    ->  flat = concat(ravel(dW1), ravel(dW2), ravel(db)); flat = psum(flat, x)
-        g1, g2, g3 = reshape(slice(flat, ...)) ...                (one all-reduce)
+    ->  g1, g2, g3 = psum_combined(dW1, dW2, db, x)               (one all-reduce)
 
+an all-reduce is one equation over all its operands (variadic.py: no copy into a flat
+buffer, XLA issues it as one tuple-shaped all-reduce);
 all-gather: each device sends its flat concatenation, receives [k, L] and every tensor's
 slice is put back with its gather dim outermost-to-tiled; reduce-scatter: each tensor's
 scatter dim is split into its k blocks first, so one [k, L] psum_scatter serves all.
@@ -41,6 +42,7 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
 from ..ops import facts_of
+from . import variadic
 from .program_index import Body, EqnIndex, ProgramIndex
 
 DEFAULT_THRESHOLD_BYTES = 30 * 2**20  # as XLA's GPU all-reduce combiner
@@ -144,10 +146,8 @@ def _run_group(body: Body, g: _Group, read: Callable):
     eqns = [body.entries[i].eqn for i in g.members]
     xs = [read(e.invars[0]) for e in eqns]
     name, axes, _ = g.key
-    if name in ("psum", "pmax", "pmin"):
-        flat = jnp.concatenate([x.reshape(-1) for x in xs])
-        flat = {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}[name](flat, axes)
-        return _split(flat, [x.shape for x in xs])
+    if name in ("psum", "pmax", "pmin"):  # one equation over every operand, no flat buffer (variadic.py)
+        return variadic.all_reduce(name, xs, axes)
     k = int(eqns[0].params["axis_size"])
     if name == "all_gather":
         flat = jnp.concatenate([x.reshape(-1) for x in xs])

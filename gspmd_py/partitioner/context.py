@@ -28,6 +28,7 @@ A ``Ctx`` lives for one partition pass (``compiler.partition``) and never leaves
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import attrs
@@ -246,7 +247,7 @@ class Ctx:
         hit = self.cache.collectives.get(key)
         if hit is not None and hit[0] is x:
             return hit[1]
-        out = lax.all_gather(x, tuple(axes), axis=dim, tiled=True)
+        out = _all_gather_major(x, tuple(axes), dim)
         self.cache.collectives[key] = (x, out)
         return out
 
@@ -255,7 +256,7 @@ class Ctx:
         return fn(x, tuple(axes))
 
     def reduce_scatter(self, x, axes: Sequence[str], dim: int):
-        return lax.psum_scatter(x, tuple(axes), scatter_dimension=dim, tiled=True)
+        return _reduce_scatter_major(x, tuple(axes), dim, self.k(tuple(axes)))
 
     def all_to_all(self, x, axes: Sequence[str], split: int, concat: int):
         return lax.all_to_all(x, tuple(axes), split, concat, tiled=True)
@@ -294,3 +295,33 @@ def pad_dim(x, d: int, size: int):
 
 def dyn_slice_dim(x, d: int, start, size: int):
     return lax.dynamic_slice_in_dim(x, start, size, axis=d)
+
+
+# -- collectives on the major dim ----------------------------------------------------------
+# An all-gather or reduce-scatter on a dim with non-trivial dims before it makes XLA lay the
+# buffer out with that dim major (a transpose) and, on CPU, runs ~4-6x slower than the same
+# collective on dim 0 plus the transpose written out (f32[16,128,2048] reduce-scattered on
+# dim 2 over 4 devices: 11 ms, vs 2.1 ms moved and scattered on dim 0; all-gather of
+# f32[16,128,128] on dim 2: 5.9 ms vs 1.9 ms). So the blocks are put on a new leading dim
+# and the collective runs there (still tiled, so the combiner merges it):
+#
+#     all_gather(x, dim=d)      ->  g = all_gather(x[None], 0)   # [k, ...]: block j from device j
+#                                   reshape(moveaxis(g, 0, d))   # the blocks back in place along d
+#     psum_scatter(x, dim=d)    ->  y = moveaxis(x.reshape(.., k, c, ..), d, 0)   # [k, .., c, ..]
+#                                   psum_scatter(y, 0)[0]        # [.., c, ..]: no transpose after
+
+def _all_gather_major(x, axes: tuple, dim: int):
+    if dim == 0 or math.prod(x.shape[:dim]) == 1:
+        return lax.all_gather(x, axes, axis=dim, tiled=True)
+    g = lax.all_gather(x[None], axes, axis=0, tiled=True)
+    k = g.shape[0]
+    return jnp.moveaxis(g, 0, dim).reshape(x.shape[:dim] + (k * x.shape[dim],) + x.shape[dim + 1:])
+
+
+def _reduce_scatter_major(x, axes: tuple, dim: int, k: int):
+    if dim == 0 or math.prod(x.shape[:dim]) == 1 or k == 1:
+        return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True)
+    c = x.shape[dim] // k
+    y = jnp.moveaxis(x.reshape(x.shape[:dim] + (k, c) + x.shape[dim + 1:]), dim, 0)
+    return lax.psum_scatter(y, axes, scatter_dimension=0, tiled=True).reshape(y.shape[1:])
+

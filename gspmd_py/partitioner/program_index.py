@@ -258,8 +258,10 @@ def _record(eqn, facts, ids: tuple[int, ...], text: str, in_loop: bool, fine: Fi
     aval = eqn.invars[0].aval
     nbytes = _nbytes(eqn.invars)
     group = int(np.prod([fine.size_of[a] for a in axes], dtype=np.int64))
+    # several operands (a combined all-reduce): the shape of the buffer they make together
+    shape = tuple(aval.shape) if len(eqn.invars) == 1 else (sum(math.prod(v.aval.shape) for v in eqn.invars),)
     return Collective(facts.collective, tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
-                      op_id=ids[0] if len(ids) == 1 else -1, dtype=str(np.dtype(aval.dtype)), shape=tuple(aval.shape),
+                      op_id=ids[0] if len(ids) == 1 else -1, dtype=str(np.dtype(aval.dtype)), shape=shape,
                       reduce=facts.collective_reduce, tensors=max(1, len(ids)), group_size=group, in_loop=in_loop)
 
 

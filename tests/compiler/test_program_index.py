@@ -130,7 +130,8 @@ def _scan_plan():
 
 
 _PRIMS = {"psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce", "all_gather": "all-gather",
-          "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all", "ppermute": "collective-permute"}
+          "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all", "ppermute": "collective-permute",
+          "psum_combined": "all-reduce", "pmax_combined": "all-reduce", "pmin_combined": "all-reduce"}
 
 
 def _collectives_seen_by_walking(jaxpr) -> list[str]:

@@ -1,0 +1,68 @@
+"""Combined all-reduces: ONE collective over several operands, as the combiner (combine.py)
+issues it, without copying the operands into one flat buffer.
+
+    psum_combined[axes=('x',)] dW1 dW2 db      (one equation: one all-reduce of three tensors)
+
+The program says one all-reduce (the index records one collective carrying every operand's
+bytes); it lowers to one single-operand ``stablehlo.all_reduce`` per operand, back to back,
+which XLA's AllReduceCombiner (every backend runs it) issues as ONE tuple-shaped all-reduce.
+Why not a variadic ``stablehlo.all_reduce`` directly: XLA's SPMD partitioner refuses one in
+a manual computation (a shard_map: "SPMD partitioner supports only single-operand allreduce
+in manual partitioning mode"; under Shardy: "Sharding is tuple-shaped but validation shape
+is not"). Why not a concatenation (what the combiner did before): the copy in, the slices
+out and their fusions cost XLA compile time (transformer block gradient, first call: ~13%
+more than the same program with the all-reduces left separate) and run time (~5% per call).
+
+One primitive per reduction (``psum_combined``, ``pmax_combined``, ``pmin_combined``), all
+operands of one dtype; they appear only in the per-device program, after partitioning (no
+transformation rules: nothing differentiates or batches that program).
+"""
+from __future__ import annotations
+
+from jax._src import core
+from jax._src.interpreters import mlir
+from jax._src.lax import parallel as _par
+from jax._src.lib.mlir.dialects import hlo
+from jax.extend.core import Primitive
+
+_REDUCERS = {"psum": hlo.add, "pmax": hlo.maximum, "pmin": hlo.minimum}
+
+
+def _abstract_eval(*avals, axes):
+    for a in axes:
+        if not core.get_axis_env().axis_exists(a):
+            raise NameError(f"unbound axis name {a!r} in a combined all-reduce")
+    outs = [core.ShapedArray(a.shape, a.dtype) for a in avals]
+    return outs, {core.NamedAxisEffect(a) for a in axes}
+
+
+def _lowering(reducer, ctx, *args, axes):
+    groups = _par._replica_groups(ctx.module_context.axis_context, list(axes), None)
+    outs = []
+    for x in args:
+        op = hlo.AllReduceOp([x.type], [x], replica_groups=_par._replica_groups_hlo(groups),
+                             channel_handle=hlo.ChannelHandle.get(mlir.COLLECTIVE_CHANNEL_ID,
+                                                                  mlir.DEVICE_TO_DEVICE_TYPE),
+                             use_global_device_ids=mlir.ir.BoolAttr.get(True))
+        scalar = mlir.ir.RankedTensorType.get([], mlir.ir.RankedTensorType(x.type).element_type)
+        block = op.regions[0].blocks.append(scalar, scalar)
+        with mlir.ir.InsertionPoint(block):
+            hlo.return_([reducer(*block.arguments)])
+        outs.append(op.result)
+    return outs
+
+
+def _make(name: str) -> Primitive:
+    p = Primitive(f"{name}_combined")
+    p.multiple_results = True
+    p.def_effectful_abstract_eval(_abstract_eval)
+    mlir.register_lowering(p, lambda ctx, *args, axes, _r=_REDUCERS[name]: _lowering(_r, ctx, *args, axes=axes))
+    return p
+
+
+PRIMITIVES: dict[str, Primitive] = {n: _make(n) for n in _REDUCERS}
+
+
+def all_reduce(name: str, xs: list, axes: tuple) -> list:
+    """One all-reduce (``name``: "psum" | "pmax" | "pmin") of every array in ``xs`` over ``axes``."""
+    return PRIMITIVES[name].bind(*xs, axes=tuple(axes))
