@@ -19,13 +19,12 @@ transformation rules: nothing differentiates or batches that program).
 """
 from __future__ import annotations
 
+from jax import lax
 from jax._src import core
 from jax._src.interpreters import mlir
-from jax._src.lax import parallel as _par
-from jax._src.lib.mlir.dialects import hlo
 from jax.extend.core import Primitive
 
-_REDUCERS = {"psum": hlo.add, "pmax": hlo.maximum, "pmin": hlo.minimum}
+_COLLECTIVES = {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}
 
 
 def _abstract_eval(*avals, axes):
@@ -36,31 +35,20 @@ def _abstract_eval(*avals, axes):
     return outs, {core.NamedAxisEffect(a) for a in axes}
 
 
-def _lowering(reducer, ctx, *args, axes):
-    groups = _par._replica_groups(ctx.module_context.axis_context, list(axes), None)
-    outs = []
-    for x in args:
-        op = hlo.AllReduceOp([x.type], [x], replica_groups=_par._replica_groups_hlo(groups),
-                             channel_handle=hlo.ChannelHandle.get(mlir.COLLECTIVE_CHANNEL_ID,
-                                                                  mlir.DEVICE_TO_DEVICE_TYPE),
-                             use_global_device_ids=mlir.ir.BoolAttr.get(True))
-        scalar = mlir.ir.RankedTensorType.get([], mlir.ir.RankedTensorType(x.type).element_type)
-        block = op.regions[0].blocks.append(scalar, scalar)
-        with mlir.ir.InsertionPoint(block):
-            hlo.return_([reducer(*block.arguments)])
-        outs.append(op.result)
-    return outs
-
-
 def _make(name: str) -> Primitive:
     p = Primitive(f"{name}_combined")
     p.multiple_results = True
     p.def_effectful_abstract_eval(_abstract_eval)
-    mlir.register_lowering(p, lambda ctx, *args, axes, _r=_REDUCERS[name]: _lowering(_r, ctx, *args, axes=axes))
+    collective = _COLLECTIVES[name]
+
+    def each(*xs, axes):  # one single-operand all-reduce per operand, back to back (JAX's own lowering)
+        return [collective(x, axes) for x in xs]
+
+    mlir.register_lowering(p, mlir.lower_fun(each, multiple_results=True))
     return p
 
 
-PRIMITIVES: dict[str, Primitive] = {n: _make(n) for n in _REDUCERS}
+PRIMITIVES: dict[str, Primitive] = {n: _make(n) for n in _COLLECTIVES}
 
 
 def all_reduce(name: str, xs: list, axes: tuple) -> list:
