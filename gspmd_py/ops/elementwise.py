@@ -19,6 +19,7 @@ UNARY = (
     "conj", "integer_pow", "convert_element_type", "bitcast_convert_type", "population_count", "clz",
     "reduce_precision", "copy", "copy_p", "stop_gradient", "square", "optimization_barrier_elementwise",
     "bessel_i0e", "bessel_i1e",
+    "log2", "one_minus_square",  # newer JAX (0.11: jnp.log2, tanh's derivative 1 - y^2)
 )
 NARY = (
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter", "and", "or",
@@ -26,13 +27,14 @@ NARY = (
     "complex", "igamma", "igammac", "random_gamma_grad", "polygamma", "zeta", "select_n", "clamp",
     "eq_to", "lt_to", "le_to",  # total-order comparisons (jnp.searchsorted, histogram, interp, sort keys)
     "igamma_grad_a", "regularized_incomplete_beta",
+    "mulhi",  # newer JAX (0.11): the high half of an integer product
 )
 IDENTITY = ("gspmd_annotate", "gspmd_tag", "gspmd_pipeline")
 # one transcendental per element (cost/counting.py)
 TRANSCENDENTAL = (
     "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "cos", "cosh", "digamma", "erf", "erf_inv",
     "erfc", "exp", "exp2", "expm1", "igamma", "lgamma", "log", "log1p", "logistic", "pow", "rsqrt", "sin", "sinh",
-    "sqrt", "tan", "tanh",
+    "sqrt", "tan", "tanh", "log2",
 )
 # elementwise, but costed as kernels of their own (the fusion model does not fuse them)
 UNFUSED = ("bessel_i0e", "bessel_i1e", "eq_to", "lt_to", "le_to", "igamma_grad_a", "igammac", "polygamma",
