@@ -117,6 +117,11 @@ class OpFacts:
     def fused_consumer(self) -> bool:
         return self.fusion in (FUSIBLE, FUSED_CONSUMER)
 
+    @property
+    def matmul(self) -> bool:
+        """A dot or a convolution: runs at the matmul rate, and is what the search shards."""
+        return self.flops in (DOT_FLOPS, CONV_FLOPS)
+
 
 #: the facts of a primitive nobody declared (an op the program holds that no module knows)
 UNKNOWN = OpFacts(PER_OUTPUT)

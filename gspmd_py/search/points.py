@@ -15,11 +15,11 @@ import re
 import attrs
 
 from ..ir import Graph, Value
+from ..ops import facts_of
 from ..ops.elementwise import IDENTITY, NARY, UNARY
 from .context import TacticContext
 
 ELEMENTWISE = frozenset(UNARY) | frozenset(NARY) | frozenset(IDENTITY)
-MATMUL = frozenset(("dot_general", "conv_general_dilated"))
 MAX_INTERMEDIATE_CLASSES = 12
 
 
@@ -56,7 +56,7 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
         put(("in", path, v.shape, str(v.dtype)), v, lf.name if len(lf.name) < 60 else lf.name[:57] + "...", True)
     inter = []
     for op in ctx.graph.ops:  # top level: loop bodies follow their (stacked) inputs
-        if op.prim not in MATMUL:
+        if not facts_of(op.prim).matmul:
             continue
         for v in op.outputs:
             if ctx.fixed(v) or v.rank == 0:

@@ -61,9 +61,10 @@ import numpy as np
 
 from ..ir import Graph, Op
 from ..mesh import Mesh
+from ..ops import facts as F
+from ..ops import facts_of
 from ..propagation import Propagation
 
-MATMUL = frozenset(("dot_general", "conv_general_dilated"))
 LOOP_TRIPS = {"scan": lambda op: int(op.params.get("length", 1))}
 # once a search's tables have summed this many (candidate, term) pairs uncompiled (about the
 # time numba takes to import and load the cached kernel: benchmarks/auto.py measures both),
@@ -138,7 +139,7 @@ def late_values(graph: Graph) -> set:
     combiner issues those of one kind over the same axes as one (one latency)."""
     feeds_matmul: set = set()
     for op in reversed(graph.ops):
-        if op.prim in MATMUL or op.regions or any(v.id in feeds_matmul for v in op.outputs):
+        if facts_of(op.prim).matmul or op.regions or any(v.id in feeds_matmul for v in op.outputs):
             feeds_matmul.update(v.id for v in op.inputs)
     return {v.id for v in graph.values() if v.id not in feeds_matmul}
 
@@ -147,9 +148,6 @@ def carried_out(body: Graph) -> set:
     """Ids of the values of a loop body whose partial sums can reach only the body's outputs
     through ops that carry them unreduced (partitioner/partial.py: ``linearity``): the
     partitioner carries them out of the loop and reduces them once, after it."""
-    from ..ops import facts as F
-    from ..ops import facts_of
-
     users: dict = {}
     for op in body.ops:
         for v in op.inputs:
@@ -284,7 +282,7 @@ class CostTables:
             nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
         for v, dims in zip(op.outputs, proj.result_dims):
             nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
-        if op.prim in MATMUL and op.inputs:
+        if facts_of(op.prim).matmul and op.inputs:
             ct = 2 * work / hw.peak(op.inputs[0].dtype)
         else:
             ct = work / hw.vector_flops

@@ -7,23 +7,12 @@ import numpy as np
 import pytest
 
 import gspmd_py as gp
+from models import mlp, train_step
 
 S = jax.ShapeDtypeStruct
 P = gp.P
 HW = gp.Hardware.preset("h100-node")
 f32 = jnp.float32
-
-
-def mlp(x, w1, w2):
-    return jax.nn.relu(x @ w1) @ w2
-
-
-def train_step(w1, w2, x, y):
-    def loss(w1, w2):
-        return jnp.mean((jax.nn.relu(x @ w1) @ w2 - y) ** 2)
-
-    g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
-    return w1 - 0.1 * g1, w2 - 0.1 * g2
 
 
 def _hand(fn, mesh, args, specs):

@@ -11,21 +11,10 @@ from gspmd_py import compiler
 from gspmd_py.propagation import Seed
 from gspmd_py.search.price import Pricer
 from gspmd_py.search.tables import CostTables, sums, table_sums
+from models import mlp, train_step
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32
-
-
-def mlp(x, w1, w2):
-    return jax.nn.relu(x @ w1) @ w2
-
-
-def train_step(w1, w2, x, y):
-    def loss(w1, w2):
-        return jnp.mean((jax.nn.relu(x @ w1) @ w2 - y) ** 2)
-
-    g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
-    return w1 - 0.1 * g1, w2 - 0.1 * g2
 
 
 def _graph(fn, mesh, args):
