@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import attrs
 import jax
@@ -55,17 +55,13 @@ from .ir import Graph, Value
 from .runtime.layout import layout_notes, own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
-from .partitioner.context import Ctx
-from .partitioner.diagnostics import Diagnostics
 from .partitioner.fine_mesh import FineMesh
-from .partitioner.hierarchy import link_refs
-from .partitioner.program import OpPlan, build_body, fine_plan, op_label, warn_fallbacks
-from .partitioner.pvalue import FineDims
+from .partitioner.passes import Partitioned, index_program, partition_graph, reindex
+from .partitioner.program import warn_fallbacks
 from .partitioner.program_index import ProgramIndex
 from .partitioner.shaping import Shaping
 from .plan import Plan
 from .propagation import Propagation, Seed
-from .sharding import Sharding
 from .frontend.specs import annotation_dims
 from .frontend.trace import trace_jaxpr
 
@@ -84,31 +80,6 @@ class Seeded:
     graph: Graph
     seeds: tuple[Seed, ...]
     tactics: tuple = ()  # search.context.TacticRecord per gp.tactics entry, in order
-
-
-@attrs.frozen(eq=False)
-class Partitioned:
-    """The per-device program of a propagated graph (before the combiner) and its diagnostics.
-
-    ``diagnostics``: what the partitioner found while it built the program (notes,
-    fallbacks, host calls, shaped collectives, what the program holds per value: a value,
-    partitioner/diagnostics.py); ``shardings``: value id -> Sharding; ``in_dims`` /
-    ``out_dims``: the inputs' and outputs' shardings over the fine mesh; ``op_plans``: op
-    id -> the projection the partitioner executed, in fine axes; ``shaping``: how its
-    collectives were shaped for a hardware."""
-
-    fine: FineMesh
-    shaping: Shaping
-    diagnostics: Diagnostics
-    shardings: Mapping[int, Sharding]
-    in_dims: tuple[FineDims, ...]
-    out_dims: tuple[FineDims, ...]
-    program: ClosedJaxpr
-    op_plans: Mapping[int, OpPlan]
-
-    @property
-    def axis_env(self) -> list[tuple[str, int]]:
-        return list(zip(self.fine.names, self.fine.sizes))
 
 
 # -- the passes ---------------------------------------------------------------------------
@@ -177,23 +148,10 @@ def propagate(graph: Graph, mesh: Mesh, seeds: Sequence[Seed]) -> Propagation:
 def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Shaping(), *,
               name: str = "f") -> Partitioned:
     """Pass 4: the per-device program that computes ``graph`` under ``prop``'s shardings,
-    traced once (``jax.make_jaxpr`` over the fine mesh's axes), and its diagnostics."""
-    shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
-    refs = [a for s in shardings.values() for a in s.used_axes]
-    refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
+    traced once (``jax.make_jaxpr`` over the fine mesh's axes), and its diagnostics
+    (partitioner/passes.py; the search's pricer runs the same)."""
     check_tag_names(graph, name)
-    if shaping.hardware is not None:  # mesh axes crossing a node boundary, split there (hierarchy.py)
-        refs += link_refs(mesh, shaping.hardware, refs)
-    fine = FineMesh.build(mesh, refs)
-    fdims = lambda v: fine.fine_dims(shardings[v.id].dims)
-    in_dims = tuple(fdims(v) for v in graph.inputs)
-    out_dims = tuple(fdims(v) for v in graph.outputs)
-    plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
-    ctx = Ctx(fine, shaping, want={v.id: fdims(v) for v in graph.all_values()}, rules=prop.rules, plans=plans)
-    body = build_body(graph, ctx, in_dims, out_dims)
-    local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(graph.inputs, in_dims)]
-    program = jax.make_jaxpr(body, axis_env=list(zip(fine.names, fine.sizes)))(*local)
-    return Partitioned(fine, shaping, ctx.diagnostics(), shardings, in_dims, out_dims, program, plans)
+    return partition_graph(graph, mesh, prop, shaping)
 
 
 def combine(idx: ProgramIndex, threshold_bytes: int, fine: FineMesh) -> ClosedJaxpr:
@@ -206,14 +164,7 @@ def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
     """Pass 6: the program index (partitioner/program_index.py): per equation of ``program``
     (loop and branch bodies included) the op of ``graph`` that caused it, its loops' trip
     counts and its collectives; ``.collectives``: every collective, in program order."""
-    labels = {op.id: op_label(op) for op in graph.walk()}
-    return ProgramIndex.build(program, fine, lambda i: labels.get(i, f"op {i}"))
-
-
-def reindex(idx: ProgramIndex, program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
-    """The index of ``program``, the combiner's result from ``idx``: ``idx`` itself when the
-    combiner left the program as it was, else the index pass over what it made."""
-    return idx if program is idx.program else index(program, fine, graph)
+    return index_program(program, fine, graph)
 
 
 # -- all of them --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """What the partition pass found while it built the per-device program: a value.
 
-``compiler.partition`` returns it inside ``Partitioned``; the Plan carries it (with the
+``compiler.partition`` (partitioner/passes.py) returns it inside ``Partitioned``; the Plan carries it (with the
 boundary's layout notes, and the compiler's note on collective matmul, each added as a NEW
 value by ``with_notes``); ``plan.report()`` prints it::
 

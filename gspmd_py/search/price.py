@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import attrs
-import jax
 
 from ..cost import Hardware, cost
 from ..ir import Graph
@@ -19,9 +18,8 @@ from ..runtime.layout import own_mesh
 from ..frontend.constraints import outside_user_mesh
 from ..mesh import Mesh
 from ..partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
-from ..partitioner.context import Collective, Ctx
-from ..partitioner.fine_mesh import FineMesh
-from ..partitioner.program import build_body, fine_plan, op_label
+from ..partitioner.context import Collective
+from ..partitioner.passes import index_program, partition_graph, reindex
 from ..partitioner.program_index import ProgramIndex
 from ..propagation import Propagation, Seed
 from ..sharding import Sharding
@@ -63,28 +61,14 @@ def fingerprint(prop: Propagation, graph: Graph) -> tuple:
 
 def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
                        combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> _Program:
-    """The partitioner's per-device program for these shardings, traced to a jaxpr (as
-    ``compiler.partition`` does, without the jit around it)."""
-    shardings = {v.id: Sharding.of(mesh, prop.dims_of(v)) for v in graph.all_values()}
-    refs = [a for s in shardings.values() for a in s.used_axes]
-    refs += [a for proj in prop.projections.values() for axes in proj.factors.values() for a in axes]
-    fine = FineMesh.build(mesh, refs)
-    fd = {vid: fine.fine_dims(s.dims) for vid, s in shardings.items()}
-    ctx = Ctx(fine, want=fd, rules=prop.rules, plans={i: fine_plan(fine, p) for i, p in prop.projections.items()})
-    in_dims = [fd[v.id] for v in graph.inputs]
-    out_dims = [fd[v.id] for v in graph.outputs]
+    """The partitioner's per-device program for these shardings, traced to a jaxpr, combined
+    and indexed: the compiler's partition, index and combine passes (partitioner/passes.py),
+    without the jit around them."""
     with outside_user_mesh(), own_mesh():
-        body = build_body(graph, ctx, in_dims, out_dims)
-        local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(graph.inputs, in_dims)]
-        axis_env = list(zip(fine.names, fine.sizes))
-        raw = jax.make_jaxpr(body, axis_env=axis_env)(*local)
-        labels = {op.id: op_label(op) for op in graph.walk()}
-        label = lambda i: labels.get(i, f"op {i}")  # noqa: E731
-        idx = ProgramIndex.build(raw, fine, label)
-        program = combine(idx, combine_threshold_bytes, axis_env)
-        if program is not raw:  # the combiner changed it: its index is read afresh (compiler.reindex)
-            idx = ProgramIndex.build(program, fine, label)
-    return _Program(graph, mesh, program, idx)
+        part = partition_graph(graph, mesh, prop)
+        raw = index_program(part.program, part.fine, graph)
+        program = combine(raw, combine_threshold_bytes, part.axis_env)
+    return _Program(graph, mesh, program, reindex(raw, program, part.fine, graph))
 
 
 class Pricer:
