@@ -154,11 +154,6 @@ class Plan:
         """The outputs' NamedShardings (over the user's mesh where it can say them); None on an abstract mesh."""
         return self.executable.out_shardings
 
-    def staged_out_shardings(self) -> tuple:
-        """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's
-        layout): how an output leaves the program staged into a caller's trace."""
-        return self.executable.staged_out_shardings()
-
     def compiled(self):
         return self.executable.compiled()
 

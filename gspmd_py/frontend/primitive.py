@@ -172,7 +172,7 @@ def out_layouts(plan) -> list:
     """The canonical dims of ``plan``'s outputs as a staged call returns them (over the user's mesh)."""
     mesh = plan.mesh
     out = []
-    for (s, _), v in zip(staged_out_shardings(plan), plan.graph.outputs):
+    for (s, _), v in zip(plan.executable.staged_out_shardings(), plan.graph.outputs):
         entries = list(s.spec) + [None] * (v.rank - len(s.spec))
         out.append(tuple(() if e is None else tuple(mesh.ref(a) for a in ((e,) if isinstance(e, str) else e))
                          for e in entries))
@@ -193,11 +193,6 @@ def run_padded(plan, *xs):
         if moved:
             outs[i] = jax.lax.with_sharding_constraint(outs[i], s)
     return outs
-
-
-def staged_out_shardings(plan) -> list:
-    """Per output of ``plan``: (user-mesh NamedSharding, whether it differs from the plan's layout)."""
-    return list(plan.executable.staged_out_shardings())
 
 
 def _lowering(ctx, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
