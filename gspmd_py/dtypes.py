@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,6 +28,16 @@ def dtype(dt: Any) -> np.dtype:
         return np.dtype(dt)
     except TypeError:
         return np.dtype("V")
+
+
+def is_key(dt: Any) -> bool:
+    """A typed PRNG key dtype (``key<fry>``)."""
+    return dt is not None and bool(jnp.issubdtype(dt, jax.dtypes.prng_key))
+
+
+def is_float0(dt: Any) -> bool:
+    """JAX's float0: the tangent type of integers and booleans (no data)."""
+    return dt is not None and dtype(dt) == jax.dtypes.float0
 
 
 def is_float(dt: Any) -> bool:

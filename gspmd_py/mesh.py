@@ -65,6 +65,10 @@ class Mesh:
     initialised) the leading axes span processes and the trailing axes stay inside one;
     ``devices=`` gives explicit device ids (any permutation, flat or mesh-shaped);
     ``Mesh.abstract(shape, names)`` needs no devices (planning at scale).
+    ``Mesh.from_jax(jax_mesh)`` takes a ``jax.sharding.Mesh`` as it is (``jax.make_mesh``'s):
+    its device order and its axis types; over ``Explicit`` axes (``axis_types``) the arrays a
+    gp.spmd function returns are typed Explicit, as jax.jit returns them. Planning reads only
+    shapes, names and devices: the axis types change nothing else.
 
     Meshes are hash-consed: equal meshes are one object (while any is alive), so
     ``==`` is an identity check in practice and a compare of a precomputed key otherwise::
@@ -73,11 +77,12 @@ class Mesh:
         True
     """
 
-    __slots__ = ("shape", "axis_names", "_ids", "_hash", "_key", "_subs", "__weakref__")
+    __slots__ = ("shape", "axis_names", "axis_types", "_ids", "_hash", "_key", "_subs", "__weakref__")
     # the intern table (a registry: weak, so unused meshes are freed)
     _interned: "weakref.WeakValueDictionary[tuple, Mesh]" = weakref.WeakValueDictionary()
 
-    def __new__(cls, shape: Sequence[int], axis_names: Sequence[str], devices=None, *, _abstract: bool = False):
+    def __new__(cls, shape: Sequence[int], axis_names: Sequence[str], devices=None, *, axis_types=None,
+                _abstract: bool = False):
         shape = tuple(shape) if not isinstance(shape, int) else (shape,)
         axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
         if len(shape) != len(axis_names):
@@ -92,11 +97,13 @@ class Mesh:
         shape = tuple(int(s) for s in shape)
         size = int(np.prod(shape, dtype=np.int64))
         ids = None if _abstract else _device_ids(devices, shape, size)
-        key = (shape, axis_names, None if ids is None else ids.tobytes())
+        types = _axis_types(axis_types, axis_names)
+        key = (shape, axis_names, None if ids is None else ids.tobytes(), types)
         self = cls._interned.get(key)
         if self is None:
             self = object.__new__(cls)
             self.shape, self.axis_names, self._ids, self._key = shape, axis_names, ids, key
+            self.axis_types = types
             if ids is not None:
                 ids.setflags(write=False)
             self._hash = hash(key)
@@ -105,7 +112,26 @@ class Mesh:
         return self
 
     def __reduce__(self):
-        return (_rebuild, (self.shape, self.axis_names, None if self._ids is None else self._ids.tolist()))
+        return (_rebuild, (self.shape, self.axis_names, None if self._ids is None else self._ids.tolist(),
+                           self.axis_types))
+
+    @classmethod
+    def from_jax(cls, mesh) -> "Mesh":
+        """The gp.Mesh of a ``jax.sharding.Mesh``: its axis names and sizes, its devices in its
+        order, its axis types (Auto or Explicit; a Manual axis belongs to a shard_map, where a
+        gp.spmd program cannot run)."""
+        names, shape = tuple(mesh.axis_names), tuple(int(s) for s in mesh.devices.shape)
+        types = tuple(str(getattr(t, "name", t)).lower() for t in getattr(mesh, "axis_types", ()) or ())
+        if "manual" in types:
+            raise MeshError(f"jax mesh {dict(zip(names, shape))} has Manual axes "
+                            f"{[n for n, t in zip(names, types) if t == 'manual']}: that is a shard_map's body, "
+                            f"where gp.spmd cannot partition; pass a mesh with Auto or Explicit axes")
+        return cls(shape, names, devices=[d.id for d in mesh.devices.reshape(-1)], axis_types=types or None)
+
+    @property
+    def explicit_axes(self) -> tuple[str, ...]:
+        """The axes of type Explicit (``jax.sharding.AxisType``)."""
+        return tuple(n for n, t in zip(self.axis_names, self.axis_types) if t == "explicit")
 
     @classmethod
     def abstract(cls, shape: Sequence[int], axis_names: Sequence[str]) -> "Mesh":
@@ -190,6 +216,11 @@ class Mesh:
         by_id = {d.id: d for d in jax.devices()}
         return np.vectorize(lambda i: by_id[int(i)], otypes=[object])(self._ids)
 
+    def same_layout(self, other: "Mesh") -> bool:
+        """Same axis names, sizes and devices in the same order (axis types aside): a spec means
+        the same tiling over both."""
+        return self is other or self._key[:3] == other._key[:3]
+
     def __eq__(self, other) -> bool:
         if self is other:
             return True
@@ -203,12 +234,29 @@ class Mesh:
     def __repr__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
         kind = "abstract " if self.is_abstract else ""
-        return f"Mesh({kind}{axes})"
+        explicit = f", explicit={self.explicit_axes}" if self.explicit_axes else ""
+        return f"Mesh({kind}{axes}{explicit})"
 
 
-def _rebuild(shape, axis_names, ids) -> Mesh:
+def _rebuild(shape, axis_names, ids, axis_types=None) -> Mesh:
     """Unpickling goes through the intern table (``Mesh.__reduce__``)."""
-    return Mesh(shape, axis_names, ids, _abstract=ids is None)
+    return Mesh(shape, axis_names, ids, axis_types=axis_types, _abstract=ids is None)
+
+
+AXIS_TYPES = ("auto", "explicit")
+
+
+def _axis_types(given, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Per axis "auto" or "explicit" (default: every axis auto); ``jax.sharding.AxisType`` values
+    and their names are accepted."""
+    if given is None:
+        return ("auto",) * len(names)
+    if isinstance(given, str) or not hasattr(given, "__len__"):
+        given = (given,) * len(names)
+    types = tuple(str(getattr(t, "name", t)).lower() for t in given)
+    if len(types) != len(names) or any(t not in AXIS_TYPES for t in types):
+        raise MeshError(f"axis_types {tuple(given)!r} must give one of Auto / Explicit per mesh axis {names}")
+    return types
 
 
 def _device_ids(devices, shape: tuple[int, ...], size: int) -> np.ndarray:

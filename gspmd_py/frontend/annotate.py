@@ -13,6 +13,7 @@ batch dim is left open) and ``lax.scan``.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import jax
@@ -20,18 +21,13 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from .. import jax_compat as compat
 from ..errors import AnnotationError, SpecError
 from ..mesh import Mesh
 from ..sharding import entry_axes, spec_of
 
-try:  # source locations in messages should point at the user's code, not at gspmd_py's
-    import os as _os
-
-    from jax._src import source_info_util as _siu
-
-    _siu.register_exclusion(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
-except Exception:  # pragma: no cover - private API; messages just name an inner frame then
-    pass
+# source locations in messages should point at the user's code, not at gspmd_py's
+compat.exclude_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 
 OPEN = "?"  # spec entry for a dim propagation may choose (Shardy's open dim); used by vmap
 

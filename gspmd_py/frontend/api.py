@@ -77,8 +77,10 @@ class Spmd:
                  collective_matmul_bytes: Optional[int] = None):
         from .tactics import check_tactics
 
+        if isinstance(mesh, jax.sharding.Mesh):
+            mesh = Mesh.from_jax(mesh)
         if not isinstance(mesh, Mesh):
-            raise ShardingError(f"gp.spmd needs a gp.Mesh, got {type(mesh).__name__}")
+            raise ShardingError(f"gp.spmd needs a gp.Mesh or a jax.sharding.Mesh, got {type(mesh).__name__}")
         if combine_threshold_bytes is not None and (not isinstance(combine_threshold_bytes, int)
                                                     or isinstance(combine_threshold_bytes, bool)
                                                     or combine_threshold_bytes < 0):

@@ -27,7 +27,7 @@ annotations: a tangent takes its primal's, a cotangent input its output's and a 
 output its input's, a residual none; a vmapped batch dim is left open (or sharded over
 ``spmd_axis_name``).
 
-The rules mirror ``jax._src.pjit``'s for ``jit_p`` (jvp, partial eval, transpose,
+The rules mirror JAX's own (``pjit``'s) for ``jit_p`` (jvp, partial eval, transpose,
 batching, partial_eval_jaxpr_custom, dce), without the sharding/layout bookkeeping.
 """
 from __future__ import annotations
@@ -37,11 +37,10 @@ from typing import Any, Optional, Sequence
 import attrs
 import jax
 import jax.numpy as jnp
-from jax._src import core as jcore
-from jax._src import source_info_util
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import ClosedJaxpr, Primitive
+
+from .. import jax_compat as compat
+from ..jax_compat import ad, batching, mlir, pe
 
 from ..errors import ShardingError
 from ..runtime.layout import own_mesh
@@ -126,7 +125,7 @@ spmd_call_p.def_abstract_eval(_abstract_eval)
 def _impl(*args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     """Eager evaluation, reached only under ``jax.disable_jit()`` (staged calls otherwise run inside
     a jit): op by op and unpartitioned, as jax.jit's functions run there; annotations are identities."""
-    return jcore.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
+    return compat.eval_closed(jaxpr, *args)
 
 
 spmd_call_p.def_impl(_impl)
@@ -135,9 +134,9 @@ spmd_call_p.def_impl(_impl)
 def hoist_tracer_consts(closed: ClosedJaxpr) -> tuple[ClosedJaxpr, tuple]:
     """A jaxpr that closed over tracers of an enclosing transformation, with all its constants
     turned into leading inputs (passed to spmd_call as arguments), and those constants."""
-    if not any(isinstance(c, jcore.Tracer) for c in closed.consts):
+    if not any(isinstance(c, compat.core.Tracer) for c in closed.consts):
         return closed, ()
-    return ClosedJaxpr(pe.convert_constvars_jaxpr(closed.jaxpr), []), tuple(closed.consts)
+    return compat.detach_consts(closed), tuple(closed.consts)
 
 
 def in_manual_context() -> bool:
@@ -270,7 +269,7 @@ def _stage(trace: pe.JaxprTrace, in_tracers, jaxpr: ClosedJaxpr, spmd: SpmdParam
     """An spmd_call of unknown inputs, staged into the partial-eval trace."""
     out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(a), None) for a in jaxpr.out_avals]
     eqn = pe.new_eqn_recipe(trace, list(in_tracers), out_tracers, spmd_call_p, dict(jaxpr=jaxpr, spmd=spmd),
-                            jcore.no_effects, source_info_util.current())
+                            compat.core.no_effects, compat.current_source())
     for t in out_tracers:
         t.recipe = eqn
     return out_tracers
@@ -300,21 +299,20 @@ pe.partial_eval_jaxpr_custom_rules[spmd_call_p] = (
 def _dce(used_outputs: list[bool], eqn):
     if not any(used_outputs):
         return [False] * len(eqn.invars), None
-    jaxpr = eqn.params["jaxpr"]
-    new, used_inputs = pe.dce_jaxpr(jaxpr.jaxpr, used_outputs)
+    new, used_inputs = compat.dce_closed(eqn.params["jaxpr"], used_outputs)
     if all(used_outputs) and all(used_inputs):
         return used_inputs, eqn
     spmd, n = eqn.params["spmd"], len(used_inputs)
     derived = spmd.derive(_kept(spmd.hints(n), used_inputs), _kept(spmd.ins(n), used_inputs),
                           _kept(spmd.outs(len(used_outputs)), used_outputs))
-    params = dict(eqn.params, jaxpr=ClosedJaxpr(new, jaxpr.consts), spmd=derived)
-    new_eqn = jcore.new_jaxpr_eqn([v for v, u in zip(eqn.invars, used_inputs) if u],
+    params = dict(eqn.params, jaxpr=new, spmd=derived)
+    new_eqn = compat.core.new_jaxpr_eqn([v for v, u in zip(eqn.invars, used_inputs) if u],
                                   [v for v, u in zip(eqn.outvars, used_outputs) if u],
-                                  spmd_call_p, params, jcore.no_effects, eqn.source_info, eqn.ctx)
+                                  spmd_call_p, params, compat.core.no_effects, eqn.source_info, eqn.ctx)
     return used_inputs, new_eqn
 
 
-pe.dce_rules[spmd_call_p] = _dce
+compat.register_dce(spmd_call_p, _dce)
 
 
 # -- reverse-mode AD: transpose the linear program and partition the transpose ------------------

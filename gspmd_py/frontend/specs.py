@@ -192,7 +192,7 @@ def spec_dims(mesh: Mesh, specs, tree, ranks: Sequence[int], types: Sequence[str
 
 def _dims_from_spec(mesh: Mesh, spec, rank: int, what: str) -> tuple[Optional[tuple[AxisRef, ...]], ...]:
     if isinstance(spec, Sharding):
-        if spec.mesh != mesh:
+        if not spec.mesh.same_layout(mesh):
             raise SpecError(f"{what}: sharding is over {spec.mesh}, not the function's mesh {mesh}")
         s = spec
     else:
@@ -234,7 +234,7 @@ def _check_split_mesh(mesh: Mesh, given: Mesh, what: str) -> None:
     """gp.mesh_split's mesh is the function's own: its axis indices mean the function's axes, so
     other axis sizes or another device order would mean another tiling. (An abstract mesh stands for
     any device order.)"""
-    if given == mesh:
+    if given.same_layout(mesh):
         return
     if (given.axis_names, given.shape) != (mesh.axis_names, mesh.shape):
         raise SpecError(f"{what}: its mesh has axes {dict(zip(given.axis_names, given.shape))} but the gp.spmd "

@@ -29,32 +29,24 @@ import numpy as np
 
 from .annotate import annotate_p, spec_entries
 from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
+from .. import dtypes, jax_compat as compat
 from ..errors import ShardingError
 from . import shifts
 from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
-INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
-          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call", "spmd_call"}
+INLINE = compat.CALL_PRIMITIVES | {"spmd_call"}
 REMAT = {"remat", "remat2", "checkpoint"}
 BARRIER = "optimization_barrier_elementwise"  # one operand, one result: an elementwise identity
 REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
-_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+# identities the tracer drops: ``name`` (jax.ad_checkpoint.checkpoint_name) only names a value for a
+# remat policy, which JAX applied when it differentiated the program (the policy sees it there)
+IDENTITY = {"name"}
+_CALL_PARAMS = compat.CALL_PARAMS
+_open = compat.open_jaxpr
 
 
 def _source(eqn) -> str:
-    try:
-        from jax._src import source_info_util
-
-        return source_info_util.summarize(eqn.source_info)
-    except Exception:  # pragma: no cover - best effort only
-        return ""
-
-
-def _open(j):
-    """(jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
-    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
-        return j.jaxpr, list(j.consts)
-    return j, []
+    return compat.source_summary(eqn.source_info)
 
 
 class _Builder:
@@ -62,13 +54,31 @@ class _Builder:
         self.ids = ids
         self.mesh = mesh  # the outer gp.spmd function's mesh: inlined gp.spmd calls must use it
 
-    def const(self, data, dtype=None) -> Value:
+    def const(self, data, dtype=None, ops: list[Op] | None = None) -> Value:
         """A constant Value; ``dtype`` is the jaxpr's type for it (a Python scalar literal is
-        weakly typed: ``int8_array * 3`` multiplies by an int8 3, not an int32 one)."""
+        weakly typed: ``int8_array * 3`` multiplies by an int8 3, not an int32 one). A typed PRNG
+        key array (a model closing over its ``Rngs``) is its key data, a constant like any other,
+        through ``random_wrap`` (appended to ``ops``); a float0 value (the gradient of an integer
+        input) is a boolean constant of its shape, as JAX lowers float0."""
+        if dtypes.is_key(dtype) or dtypes.is_key(getattr(data, "dtype", None)):
+            return self._key_const(data, ops)
+        if dtypes.is_float0(dtype) or dtypes.is_float0(getattr(data, "dtype", None)):
+            return new_value(self.ids, np.shape(data), dtype, const=np.zeros(np.shape(data), bool))
         arr = np.asarray(data)
         if dtype is not None and arr.dtype != np.dtype(dtype):
             arr = np.asarray(data, dtype=dtype)
         return new_value(self.ids, arr.shape, arr.dtype, const=arr)
+
+    def _key_const(self, keys, ops: list[Op] | None) -> Value:
+        if ops is None:
+            raise ShardingError("a typed PRNG key constant needs an op list to be rebuilt in")
+        raw = self.const(np.asarray(jax.random.key_data(keys)))
+        out = new_value(self.ids, keys.shape, keys.dtype)
+        prim, params = compat.key_wrap(keys)
+        op = Op(self.ids(), "random_wrap", [raw], [out], params, prim)
+        out.producer = op
+        ops.append(op)
+        return out
 
     def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None,
                 scope: tuple[str, ...] = (), where: str = "", ports: bool = False) -> Graph:
@@ -80,9 +90,9 @@ class _Builder:
         for var, val in zip(jaxpr.invars, inputs):
             env[var] = val
         for var, c in zip(jaxpr.constvars, consts):
-            env[var] = self.const(c, var.aval.dtype)
+            env[var] = self.const(c, var.aval.dtype, ops)
         self._eqns(jaxpr.eqns, env, ops, scope, where)
-        outs = [self._read(env, v) for v in jaxpr.outvars]
+        outs = [self._read(env, v, ops) for v in jaxpr.outvars]
         if ports:
             outs = [self.annotate(v, None, ops, "") for v in outs]
         return Graph(list(inputs), outs, ops)
@@ -98,9 +108,9 @@ class _Builder:
         ops.append(op)
         return out
 
-    def _read(self, env, var) -> Value:
+    def _read(self, env, var, ops: list[Op] | None = None) -> Value:
         if hasattr(var, "val") and not hasattr(var, "suffix") and type(var).__name__ == "Literal":
-            return self.const(var.val, var.aval.dtype)
+            return self.const(var.val, var.aval.dtype, ops)
         return env[var]
 
     def _eqns(self, eqns, env, ops: list[Op], scope: tuple[str, ...] = (), where: str = "") -> None:
@@ -109,10 +119,20 @@ class _Builder:
         equations whose own source is lost (inside a library's scan body)."""
         for eqn in eqns:
             name = eqn.primitive.name
-            ins = [self._read(env, v) for v in eqn.invars]
+            ins = [self._read(env, v, ops) for v in eqn.invars]
             sub = next((eqn.params[k] for k in _CALL_PARAMS if k in eqn.params and eqn.params[k] is not None), None)
             src = _source(eqn) or where
-            if name in INLINE and sub is not None:
+            if name in IDENTITY and len(ins) == len(eqn.outvars):
+                for var, v in zip(eqn.outvars, ins):
+                    env[var] = v
+                continue
+            if name == "optimization_barrier":  # per operand: an elementwise identity each
+                for var, v in zip(eqn.outvars, ins):
+                    env[var] = v if v.is_const else self._barrier_of(v, ops, src)
+                continue
+            if name not in INLINE and name not in REGION and compat.is_high(eqn):
+                name, sub = "hijax", compat.expand_high(eqn)  # its expansion into ordinary primitives
+            if (name in INLINE or name == "hijax") and sub is not None:
                 if name == "spmd_call":
                     self._check_mesh(eqn)
                     ins = self._call_inputs(eqn, ins, ops, "/".join(scope), src)
@@ -124,10 +144,10 @@ class _Builder:
                     ins = ins[-len(inner.invars):] if n_extra < 0 else ins
                 local = dict(zip(inner.invars, ins))
                 for var, c in zip(inner.constvars, consts):
-                    local[var] = self.const(c, var.aval.dtype)
+                    local[var] = self.const(c, var.aval.dtype, ops)
                 named = scope + (str(eqn.params["name"]),) if eqn.params.get("name") else scope
                 self._eqns(inner.eqns, local, ops, named, src)
-                outs = [self._read(local, iv) for iv in inner.outvars]
+                outs = [self._read(local, iv, ops) for iv in inner.outvars]
                 if name == "spmd_call":
                     outs = self._call_outputs(eqn, outs, ops, "/".join(scope), src)
                 for ov, o in zip(eqn.outvars, outs):
@@ -181,23 +201,21 @@ class _Builder:
             return ins
         cse = eqn.params.get("prevent_cse", True)
         cse = (cse,) * len(ins) if isinstance(cse, bool) else tuple(cse)
-        out = []
-        for v, keep in zip(ins, cse):
-            if not keep or v.is_const:
-                out.append(v)
-                continue
-            b = new_value(self.ids, v.shape, v.dtype)
-            op = Op(self.ids(), BARRIER, [v], [b], {}, jax.lax.optimization_barrier_p, source=_source(eqn))
-            b.producer = op
-            ops.append(op)
-            out.append(b)
-        return out
+        return [v if not keep or v.is_const else self._barrier_of(v, ops, _source(eqn)) for v, keep in zip(ins, cse)]
+
+    def _barrier_of(self, v: Value, ops: list[Op], source: str) -> Value:
+        """``v`` through an optimization barrier of its own (appended to ``ops``)."""
+        b = new_value(self.ids, v.shape, v.dtype)
+        op = Op(self.ids(), BARRIER, [v], [b], {}, jax.lax.optimization_barrier_p, source=source)
+        b.producer = op
+        ops.append(op)
+        return b
 
 
 def trace_jaxpr(closed, mesh=None, *, output_ports: bool = False) -> Graph:
     """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls),
     dead code removed; ``output_ports``: each output a value of its own (see the module doc)."""
-    graph = _Builder(IdGen(), mesh).convert(closed.jaxpr, closed.consts, ports=output_ports)
+    graph = _Builder(IdGen(), mesh).convert(*_open(closed), ports=output_ports)
     return eliminate_dead_code(shifts.fold(graph))
 
 

@@ -17,6 +17,7 @@ propagation, the partitioner and the cost model see one contract for a loop::
 """
 from __future__ import annotations
 
+from ..jax_compat import scan_counts
 from . import facts as F
 from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
@@ -54,7 +55,7 @@ def control(op) -> OpRule:
     outs: list = [None] * len(op.outputs)
     if op.prim == "scan":
         (body,) = op.regions
-        nc, ncar = op.params["num_consts"], op.params["num_carry"]
+        nc, ncar = scan_counts(op.params)
         for i in range(nc):
             ins[i] = tie(op.inputs[i], body.inputs[i])
         for i in range(ncar):

@@ -41,6 +41,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
+from .. import jax_compat as compat
 from ..ops import facts_of
 from . import variadic
 from .program_index import Body, EqnIndex, ProgramIndex
@@ -208,8 +209,6 @@ def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) ->
 
 
 def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict, axis_env):
-    from jax._src import source_info_util
-
     jaxpr = body.jaxpr
     env: dict[Any, Any] = {}
 
@@ -231,8 +230,7 @@ def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict
         eqn = entry.eqn
         params = _sub_params(index, entry, groups, axis_env)
         bind_params = eqn.primitive.get_bind_params(params)
-        stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-        with source_info_util.user_context(eqn.source_info.traceback, name_stack=stack), eqn.ctx.manager:
+        with compat.replay_context(eqn), eqn.ctx.manager:
             ans = eqn.primitive.bind(*[read(v) for v in eqn.invars], **bind_params)
         ans = ans if eqn.primitive.multiple_results else [ans]
         for v, a in zip(eqn.outvars, ans):

@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
+from ..jax_compat import scan_counts
 from ..ops import facts as F
 from ..ops import facts_of
 from .context import Ctx
@@ -57,7 +58,7 @@ def control(ctx: Ctx, op, rule, plan, args):
 
 def _scan(ctx: Ctx, op, plan, args):
     body = op.regions[0]
-    nc, ncar = op.params["num_consts"], op.params["num_carry"]
+    nc, ncar = scan_counts(op.params)
     ((in_d, out_d),) = _region_dims(op, plan)
     consts = args[:nc]
     carry_dims = list(plan.results[:ncar])

@@ -28,6 +28,8 @@ from typing import Any, Iterator, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .. import jax_compat as compat
 from jax import lax
 
 from ..dtypes import additive_identity
@@ -160,12 +162,7 @@ def _drop_failed_tokens() -> None:
     on it at exit, where the failure would be raised again ("Exception ignored in atexit
     callback"): the failed call was waited for and reported, so its tokens go. (Private API:
     without it only the exit is noisier.)"""
-    try:
-        from jax._src import dispatch
-
-        tokens = dispatch.runtime_tokens.output_runtime_tokens
-    except Exception:  # pragma: no cover - another jax
-        return
+    tokens = compat.runtime_tokens()
     for device, token in list(tokens.items()):
         try:
             token.block_until_ready()

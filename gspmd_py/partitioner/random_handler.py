@@ -21,17 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import jax_compat as compat
 from .context import Ctx
 from .fallback import replicated
 from .registry import handler
 
 
 def _threefry():
-    try:
-        from jax._src.random.threefry2x32 import threefry2x32_p
-    except ImportError:  # pragma: no cover - a jax without it: computed whole, reported
-        return None
-    return threefry2x32_p
+    return compat.threefry2x32_p()  # None on a jax without it: computed whole, reported
 
 
 def _partitionable(op) -> str:

@@ -44,8 +44,10 @@ def own_mesh() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=64)
 def user_jax_mesh(mesh: Mesh) -> jax.sharding.Mesh:
-    """The jax Mesh with the user's axis names and shape (same devices as the plan's mesh)."""
-    return jax.sharding.Mesh(mesh.jax_devices(), mesh.axis_names)
+    """The jax Mesh with the user's axis names, shape and axis types (same devices as the plan's mesh)."""
+    types = tuple(jax.sharding.AxisType.Explicit if t == "explicit" else jax.sharding.AxisType.Auto
+                  for t in mesh.axis_types)
+    return jax.sharding.Mesh(mesh.jax_devices(), mesh.axis_names, axis_types=types)
 
 
 def user_spec(fine: FineMesh, fdims: Sequence[Sequence[str]]) -> tuple[Optional[JP], str]:

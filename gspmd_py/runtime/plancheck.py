@@ -16,6 +16,7 @@ import hashlib
 
 import numpy as np
 
+from .. import jax_compat as compat
 from ..errors import ShardingError
 
 
@@ -111,11 +112,7 @@ def check_same_program(plan) -> None:
 
 def _exchange(mine_hex: str, text: str, theirs_hex: str) -> list[str] | None:
     """Publish this program under its digest; fetch the program published under ``theirs_hex``."""
-    try:  # JAX's own client (multihost_utils and array serialization use it the same way)
-        from jax._src.distributed import global_state
-        client = global_state.client
-    except ImportError:
-        client = None
+    client = compat.distributed_client()  # JAX's own (multihost_utils and array serialization use it)
     if client is None:
         return None
     client.key_value_set(_KV_PREFIX + mine_hex, text, allow_overwrite=True)

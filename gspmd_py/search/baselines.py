@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..jax_compat import scan_counts
 from .context import TacticContext
 from .points import PointClass
 
@@ -37,7 +38,7 @@ def scan_aliases(graph) -> dict:
         if op.prim != "scan" or not op.regions:
             continue
         body = op.regions[0]
-        first_xs = op.params.get("num_consts", 0) + op.params.get("num_carry", 0)
+        first_xs = sum(scan_counts(op.params))
         for i, (outer, inner) in enumerate(zip(op.inputs, body.inputs)):
             off = 1 if i >= first_xs else 0
             if outer.id in out:  # nested: resolve to the outermost operand

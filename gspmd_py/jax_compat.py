@@ -1,0 +1,229 @@
+"""What differs between the JAX releases gspmd_py supports (0.10.2 to the newest), in one place.
+
+gspmd_py reads jaxprs and registers transformation rules for its own primitives, so it
+touches a few of JAX's internals that have no public name, and a few whose form changed
+between releases. Every such read lives here; no other module imports ``jax._src``.
+``PRIVATE`` lists each private name gspmd_py uses, and ``tests/core/test_jax_compat.py``
+checks every one of them exists on the JAX it runs under, so a release that moves one
+fails that test by name instead of a user's program.
+
+What changed, by release (the functions below read every form):
+
+- scan's parameters: ``num_consts`` / ``num_carry`` (<= 0.10) became the flat trees
+  ``ft_in = (consts, carry, xs)`` / ``ft_out = (carry, ys)`` (0.11): ``scan_counts``.
+- DCE rules are called ``rule(used_outputs, eqn)`` (<= 0.10) or
+  ``rule(used_outputs, live_inputs, eqn)`` (0.12): ``register_dce``.
+- ``ClosedJaxpr`` and ``Jaxpr`` are one class in 0.12 (a jaxpr carries its consts):
+  ``close``, ``detach_consts``, ``dce_closed``.
+- "hijax" primitives (0.11: ``call_hi_primitive`` from ``jnp.searchsorted``; under
+  ``jax_remat3`` / ``jax_custom_vjp3``: ``jax.checkpoint`` and ``custom_vjp``) carry their own
+  expansion into ordinary primitives (``to_lojax``): ``is_high`` / ``expand_high`` expand any
+  of them, so the next one needs no code here.
+- The differentiated body of a checkpointed loop is staged as ``eval_jaxpr`` (0.12; was
+  ``closed_call``): a call like the others (``CALL_PRIMITIVES``).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.extend
+from jax._src import core  # noqa: F401  (re-exported: the one place it is imported)
+from jax._src import source_info_util
+from jax._src.interpreters import ad, batching, mlir  # noqa: F401
+from jax._src.interpreters import partial_eval as pe
+from jax.extend.core import ClosedJaxpr, Jaxpr
+
+JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+# Jaxpr and ClosedJaxpr one class (0.12): a jaxpr holds its consts
+MERGED_JAXPR: bool = ClosedJaxpr is Jaxpr
+
+# Every private (module, name) gspmd_py reads, checked by tests/core/test_jax_compat.py.
+# Optional entries (second tuple) exist only in some releases; gspmd_py works without them.
+PRIVATE: tuple[tuple[str, str], ...] = (
+    ("jax._src.core", "eval_jaxpr"), ("jax._src.core", "Tracer"), ("jax._src.core", "no_effects"),
+    ("jax._src.core", "new_jaxpr_eqn"), ("jax._src.core", "ShapedArray"), ("jax._src.core", "get_axis_env"),
+    ("jax._src.core", "NamedAxisEffect"),
+    ("jax._src.source_info_util", "summarize"), ("jax._src.source_info_util", "current"),
+    ("jax._src.source_info_util", "register_exclusion"), ("jax._src.source_info_util", "user_context"),
+    ("jax._src.source_info_util", "current_name_stack"),
+    ("jax._src.interpreters.ad", "jvp_jaxpr"), ("jax._src.interpreters.ad", "Zero"),
+    ("jax._src.interpreters.ad", "is_undefined_primal"), ("jax._src.interpreters.ad", "UndefinedPrimal"),
+    ("jax._src.interpreters.ad", "backward_pass"), ("jax._src.interpreters.ad", "instantiate_zeros"),
+    ("jax._src.interpreters.ad", "primitive_jvps"), ("jax._src.interpreters.ad", "primitive_transposes"),
+    ("jax._src.interpreters.batching", "batch_jaxpr2"), ("jax._src.interpreters.batching", "fancy_primitive_batchers"),
+    ("jax._src.interpreters.mlir", "lower_fun"), ("jax._src.interpreters.mlir", "register_lowering"),
+    ("jax._src.interpreters.partial_eval", "JaxprTrace"), ("jax._src.interpreters.partial_eval", "JaxprTracer"),
+    ("jax._src.interpreters.partial_eval", "PartialVal"), ("jax._src.interpreters.partial_eval", "new_eqn_recipe"),
+    ("jax._src.interpreters.partial_eval", "partial_eval_jaxpr_nounits"),
+    ("jax._src.interpreters.partial_eval", "custom_partial_eval_rules"),
+    ("jax._src.interpreters.partial_eval", "partial_eval_jaxpr_custom_rules"),
+    ("jax._src.interpreters.partial_eval", "closed_call_partial_eval_custom_rule"),
+    ("jax._src.interpreters.partial_eval", "dce_jaxpr"), ("jax._src.interpreters.partial_eval", "dce_rules"),
+    ("jax._src.interpreters.partial_eval", "convert_constvars_jaxpr"),
+    ("jax._src.dispatch", "runtime_tokens"),
+    ("jax._src.distributed", "global_state"),
+)
+
+# Calls the tracer inlines whatever their name: the parameter holding the callee's jaxpr
+CALL_PARAMS: tuple[str, ...] = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+CALL_PRIMITIVES: frozenset[str] = frozenset({
+    "jit", "pjit", "closed_call", "core_call", "eval_jaxpr", "remat", "remat2", "checkpoint", "custom_jvp_call",
+    "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "named_call", "composite"})
+
+
+def missing_private() -> list[str]:
+    """Each entry of ``PRIVATE`` this JAX does not have, as "module.name"."""
+    out = []
+    for mod, name in PRIVATE:
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            out.append(f"{mod}.{name}")
+            continue
+        if not hasattr(m, name):
+            out.append(f"{mod}.{name}")
+    return out
+
+
+# -- loops -------------------------------------------------------------------------------------
+def scan_counts(params: dict) -> tuple[int, int]:
+    """(number of consts, number of carries) of a scan equation's parameters; the rest of its
+    operands are the scanned xs."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
+# -- jaxprs ------------------------------------------------------------------------------------
+def close(jaxpr, consts: Sequence[Any] = ()) -> ClosedJaxpr:
+    """A closed jaxpr of an open ``jaxpr`` (its constvars bound to ``consts``)."""
+    if MERGED_JAXPR:
+        return jaxpr.with_consts(list(consts)) if consts or jaxpr.consts else jaxpr
+    return ClosedJaxpr(jaxpr, list(consts))
+
+
+def open_jaxpr(j) -> tuple[Any, list]:
+    """(jaxpr, consts) of a Jaxpr or ClosedJaxpr, as an open jaxpr and the values of its constvars."""
+    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
+        return j.jaxpr, list(j.consts)
+    return j, []
+
+
+def detach_consts(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed`` with its consts turned into leading inputs (no consts left)."""
+    if MERGED_JAXPR:
+        return pe.convert_constvars_jaxpr(closed)
+    return ClosedJaxpr(pe.convert_constvars_jaxpr(closed.jaxpr), [])
+
+
+def dce_closed(closed: ClosedJaxpr, used_outputs: Sequence[bool]) -> tuple[ClosedJaxpr, list[bool]]:
+    """``closed`` without what the unused outputs need, and which inputs it still uses."""
+    if MERGED_JAXPR:
+        new, used_inputs = pe.dce_jaxpr(closed, list(used_outputs))
+        return new, list(used_inputs)
+    new, used_inputs = pe.dce_jaxpr(closed.jaxpr, list(used_outputs))
+    return ClosedJaxpr(new, closed.consts), list(used_inputs)
+
+
+def eval_closed(closed: ClosedJaxpr, *args) -> list:
+    """Evaluate ``closed`` op by op on ``args``."""
+    return core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+
+
+def register_dce(prim, rule: Callable) -> None:
+    """Register ``rule(used_outputs, eqn) -> (used_inputs, new_eqn)`` as ``prim``'s DCE rule,
+    whatever arguments this JAX passes (0.12 passes the live inputs in between)."""
+    pe.dce_rules[prim] = lambda used_outputs, *rest: rule(used_outputs, rest[-1])
+
+
+# -- hijax primitives -----------------------------------------------------------------------------
+def is_high(eqn) -> bool:
+    """Whether ``eqn``'s primitive is a "hijax" one that expands into ordinary primitives."""
+    check = getattr(eqn.primitive, "is_high", None)
+    if check is None or not callable(check):
+        return False
+    try:
+        return bool(check(*[v.aval for v in eqn.invars], **eqn.params))
+    except TypeError:  # a primitive whose is_high takes no arguments (older form)
+        return False
+
+
+def expand_high(eqn) -> ClosedJaxpr:
+    """The jaxpr of a hijax equation's expansion into ordinary primitives (its ``to_lojax``),
+    taking the equation's operands and returning its results."""
+    prim, params = eqn.primitive, eqn.params
+
+    def expanded(*xs):
+        out = prim.to_lojax(*xs, **params)
+        return list(out) if prim.multiple_results else [out]
+
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
+             for v in eqn.invars]
+    return jax.make_jaxpr(expanded)(*avals)
+
+
+# -- source locations ------------------------------------------------------------------------------
+def source_summary(source_info) -> str:
+    """"file:line (function)" of an equation's source, or "" when JAX cannot say."""
+    try:
+        return source_info_util.summarize(source_info)
+    except Exception:  # pragma: no cover - best effort only
+        return ""
+
+
+def current_source():
+    return source_info_util.current()
+
+
+def exclude_from_tracebacks(path: str) -> None:
+    """Frames under ``path`` are not the user's: source locations skip them."""
+    try:
+        source_info_util.register_exclusion(path)
+    except Exception:  # pragma: no cover - messages just name an inner frame then
+        pass
+
+
+def replay_context(eqn):
+    """The context manager under which re-binding ``eqn`` keeps its source location and name stack."""
+    stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    return source_info_util.user_context(eqn.source_info.traceback, name_stack=stack)
+
+
+# -- optional internals: each has a fallback -------------------------------------------------------
+def threefry2x32_p():
+    """JAX's threefry2x32 primitive (None where this JAX has none)."""
+    return getattr(jax.extend.random, "threefry2x32_p", None)
+
+
+def key_wrap(keys) -> tuple[Any, dict]:
+    """(primitive, parameters) of the ``random_wrap`` equation that makes key arrays like ``keys``
+    from their key data (read off JAX's own ``jax.random.wrap_key_data``)."""
+    data = jax.random.key_data(keys)
+    impl = jax.random.key_impl(keys)
+    closed = jax.make_jaxpr(lambda d: jax.random.wrap_key_data(d, impl=impl))(
+        jax.ShapeDtypeStruct(data.shape, data.dtype))
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "random_wrap"]
+    return eqn.primitive, dict(eqn.params)
+
+
+def runtime_tokens() -> dict:
+    """JAX's per-device runtime tokens of the last computation with host callbacks ({} if unknown)."""
+    try:
+        from jax._src import dispatch
+
+        return dispatch.runtime_tokens.output_runtime_tokens
+    except Exception:  # pragma: no cover - another jax
+        return {}
+
+
+def distributed_client():
+    """The jax.distributed key-value client, or None when not initialised."""
+    try:
+        from jax._src.distributed import global_state
+    except ImportError:  # pragma: no cover
+        return None
+    return global_state.client
