@@ -20,6 +20,13 @@ MaxText's pipeline module)::
 
     bubble = (S - 1) / (M * R + S - 1)
 
+Weight layouts: with R = 1 the stacked weights given as P(axis) (stage s holds layer s) are
+what the schedule reads: nothing moves. With R > 1 stage s runs layers s, s + S, s + 2S, ...
+(the circular order), which no tiling of the flat layer dim holds: given as P(axis) (the
+natural layout, R consecutive layers per stage) they are re-laid out once per call, before
+the loop, by ONE all-to-all per leaf (each stage sends S * ceil(R / S) layer slots; plan.report()
+says so); under jax.grad their gradients come back the same way, laid out as given.
+
 With circular_repeats R > 1 the loop-back needs M >= S (a microbatch's output of one repeat
 must reach stage 0 before its next repeat starts there). ``stage_fn(params_of_one_layer,
 microbatch) -> microbatch`` of the same shape and dtype; it may annotate its values over
@@ -32,6 +39,7 @@ from typing import Any, Callable
 
 import attrs
 import jax
+import numpy as np
 import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Primitive
@@ -66,8 +74,12 @@ class Schedule:
         return (self.stages - 1) / self.iterations
 
     def __str__(self) -> str:
-        return (f"pipeline: {self.stages} stages x {self.microbatches} microbatches x {self.repeats} repeats, "
+        text = (f"pipeline: {self.stages} stages x {self.microbatches} microbatches x {self.repeats} repeats, "
                 f"{self.iterations} iterations, bubble {self.bubble:.1%}")
+        if self.repeats > 1:
+            text += (f"; stage s runs layers s, s + {self.stages}, ...: the stacked weights are re-laid out once per "
+                     f"call, before the loop, by one all-to-all per leaf")
+        return text
 
 
 def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatches: int,
@@ -85,7 +97,7 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatche
     mb = x.shape[0] // M
     # rows m, m + M, ... form microbatch m: a reshape whose major dim keeps x's batch sharding
     xs = jnp.swapaxes(x.reshape((mb, M) + x.shape[1:]), 0, 1)  # [M, mb, ...]
-    params = jax.tree_util.tree_map(lambda p: _on_stages(p.reshape((R, S) + p.shape[1:]), axis, 1), stage_params)
+    params = jax.tree_util.tree_map(lambda p: _circular(p, S, R, axis), stage_params)
     stage = _on_stages(lax.iota(jnp.int32, S), axis, 0)
     state = _on_stages(jnp.zeros((S,) + xs.shape[1:], x.dtype), axis, 0)
     outs = _on_stages(jnp.zeros((S, M) + xs.shape[1:], x.dtype), axis, 0)
@@ -168,6 +180,44 @@ def _on_stages(v, axis: str, dim: int):
 def _rows(mask, ndim: int = 1):
     """A per-stage [S] mask broadcast against [S, ...] values of rank ``ndim``."""
     return mask.reshape(mask.shape + (1,) * (ndim - 1))
+
+
+def _circular(p, S: int, R: int, axis: str):
+    """The layer stack ``p`` [L = R*S, ...] as the schedule reads it: [R, S, ...], layer
+    r*S + s at [r, s], the stage dim on ``axis`` (stage s holds layers s, s + S, ...).
+
+    R = 1: a reshape. R > 1: the natural layout P(axis) holds R consecutive layers per stage
+    (blocks), which the circular schedule does not read; each stage packs the layers it holds
+    by destination stage into [S, K] slots (K = ceil(R / S), a select per layer, local), ONE
+    all-to-all over ``axis`` sends them, and each stage files what it received by repeat (a
+    select per slot, local). Padding slots carry zeros. A replicated stack moves nothing (the
+    all-to-all becomes a local slice)."""
+    rest = p.shape[1:]
+    if R == 1:
+        return _on_stages(p.reshape((R, S) + rest), axis, 1)
+    K = -(-R // S)
+    d, sd, k = np.meshgrid(np.arange(S), np.arange(S), np.arange(K), indexing="ij")
+    j = (sd - d * R) % S + k * S  # the row of block d that goes to slot [d, s, k]
+    valid = j < R
+    open_rest = (OPEN,) * len(rest)
+    blk = annotate(p.reshape((S, R) + rest), (axis, None) + open_rest)  # block d: layers d*R .. d*R + R - 1
+    packed = jnp.zeros((S, S, K) + rest, p.dtype)
+    for row in range(R):
+        hit = jnp.asarray((valid & (j == row)).reshape(valid.shape + (1,) * len(rest)))
+        packed = jnp.where(hit, blk[:, row][:, None, None], packed)
+    packed = annotate(packed, (axis, None, None) + open_rest)  # packed where the blocks are
+    moved = annotate(packed, (None, axis, None) + open_rest)  # the one all-to-all
+    # slot [d, s, k] holds layer d*R + j: its repeat r = (d*R + j) // S on stage s
+    r_of = np.where(valid, (d * R + j) // S, -1)
+    out = jnp.zeros((R, S) + rest, p.dtype)
+    for dd in range(S):
+        for kk in range(K):
+            r_at = r_of[dd, :, kk]  # per stage s: the repeat this slot fills (-1: padding)
+            if (r_at < 0).all():
+                continue
+            hit = (np.arange(R)[:, None] == r_at[None, :]).reshape((R, S) + (1,) * len(rest))
+            out = jnp.where(jnp.asarray(hit), moved[dd, :, kk][None], out)
+    return _on_stages(out, axis, 1)
 
 
 def _layer_of(p, repeat, repeats: int, axis: str):

@@ -20,10 +20,22 @@ block, reduced::
     a [M,K]{-,x} @ b [K,N]{x,-} -> [M,N]{x,-}:   dot ; reduce-scatter       (plain)
                                                 P dots of [M/P,K] ; P-1 permutes of [M/P,N]
 
-Uneven dims: the looped dim is padded to P chunks (the padding rows are cut, or land in the
-canonical padding of the scattered result); uneven contracting dims are masked as in the
-plain dot. Unrolled (P is a mesh axis size): XLA schedules each permute beside the
-independent dot.
+All-gather of a contracting dim feeding a dot: operand i's contracting dim sharded over
+``A``, the other operand's partner dim whole. At step s device j holds block (j - s) mod P,
+multiplies it with the other operand's rows of that block and adds the product up (in
+float32 at least); the block passes on::
+
+    a [M,K]{x,-} @ b [K,N]{x,-}:   all-gather(b) ; dot            (plain)
+                                   P dots of [M/P,K/P] @ [K/P,N] accumulated ; P-1 permutes of b's shard
+
+Uneven dims: the looped dim is padded to P chunks (the padding rows are cut, land in the
+canonical padding of the scattered result, or read as zero); uneven contracting dims are
+masked as in the plain dot.
+
+Each ring is ONE loop (``lax.fori_loop``, a scan) over its steps, so the program does not
+grow with P (an unrolled ring over 256 devices was 0.5-1 GiB of StableHLO): inside a step
+the permute that feeds the next step does not depend on the step's dot, so XLA runs them
+side by side. ``plan.collectives`` lists the ring's permute once, ``in_loop``.
 
 When: ``collective_matmul_bytes`` given: when the looped buffer (the shard, or the
 accumulator) reaches that many bytes per device. Else with a hardware: when the overlapped
@@ -35,6 +47,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -124,8 +137,9 @@ def _ring(ctx: Ctx, x, axes, step: int):
 # -- all-gather feeding a dot ------------------------------------------------------------------
 
 def looped_operand(op, args, targets) -> Optional[tuple[int, int, tuple[str, ...]]]:
-    """(operand i, dim d, axes A) when operand i differs from its target only by A on a free
-    dim d that the dot wants whole, and nothing else needs moving there; else None."""
+    """(operand i, dim d, axes A) when operand i differs from its target only by A on a dim
+    d that the dot wants whole, and nothing else needs moving there; else None. ``d`` is a
+    free dim, or a contracting dim whose partner in the other operand is whole."""
     (lc, rc), (lb, rb) = op.params["dimension_numbers"]
     for i, (a, t) in enumerate(zip(args, targets)):
         if a.partial is not None:
@@ -136,10 +150,20 @@ def looped_operand(op, args, targets) -> Optional[tuple[int, int, tuple[str, ...
         if len(diff) != 1:
             return None
         d = diff[0]
-        if t[d] or d in (lc if i == 0 else rc) or d in (lb if i == 0 else rb):
+        mine, theirs = (lc, rc) if i == 0 else (rc, lc)
+        if t[d] or d in (lb if i == 0 else rb):
+            return None
+        if d in mine and targets[1 - i][theirs[list(mine).index(d)]]:
             return None
         return i, d, tuple(a.dims[d])
     return None
+
+
+def _put(y, part, od: int, start):
+    """``part`` written into ``y`` at ``start`` along dim ``od`` (0 elsewhere)."""
+    at = [jnp.int32(0)] * y.ndim
+    at[od] = start
+    return lax.dynamic_update_slice(y, part, at)
 
 
 def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional[list[PValue]]:
@@ -152,19 +176,20 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
     j = 1 - i
     a = args[i]
     p = ctx.k(axes)
-    if p < 2 or 0 in a.shape:
-        return None
+    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+    contracting = d in (lc if i == 0 else rc)
     out = op.outputs[0]
+    if p < 2 or 0 in a.shape or (contracting and dtypes.is_bool(out.dtype)):
+        return None
     c = ceil_div(a.shape[d], p)
     local_a = ctx.local_shape(a.shape, a.dims)
     item = np.dtype(a.x.dtype).itemsize
     shard = int(math.prod(local_a)) * item
     other_local = ctx.local_shape(args[j].shape, targets[j])
-    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
     contract = math.prod(other_local[k] for k in (rc if i == 0 else lc))
     out_full = ctx.local_shape(out.shape, plan.results[0])
     flops = 2.0 * math.prod(out_full) * contract
-    bidir = _bidirectional(ctx, axes) and c >= 2
+    bidir = _bidirectional(ctx, axes) and c >= 2 and not contracting
     other_bytes = int(math.prod(other_local)) * np.dtype(args[j].x.dtype).itemsize
     out_bytes = int(math.prod(out_full)) * np.dtype(out.dtype).itemsize
     go, t, plain = _pays(ctx, "all-gather", shard, shard, (flops, shard * p, other_bytes, out_bytes), a.x.dtype, p,
@@ -174,44 +199,89 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
     xj = reshard(ctx, args[j], targets[j], keep_partial=False)
     red = plan.partial_axes
     xa = a.x
-    if red:  # uneven contracting dims: zero their padding on both sides, as the plain dot
+    if red or contracting:  # contracting padding reads as zero on both sides, as in the plain dot
         xa = ctx.mask(a, lc if i == 0 else rc, 0)
         xj = ctx.pv(ctx.mask(xj, rc if i == 0 else lc, 0), xj.shape, xj.dims, None, xj.dtype)
+    if contracting:
+        y = _contracting_ring(ctx, op, i, d, xa, xj.x, axes, c, bool(red))
+        what = f"{p} partial dots accumulated and {p - 1} collective-permutes"
+    else:
+        y = _free_ring(ctx, op, i, d, xa, xj.x, axes, c, bool(red), bidir)
+        what = f"{p} partial dots and {(2 if bidir else 1) * (p - 1)} {'bidirectional ' if bidir else ''}" \
+               f"collective-permutes"
+    _record(ctx, f"all-gather({ctx.fine.label(axes)}) {shard}B + dot", what, t, plain)
+    return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
+
+
+def _free_ring(ctx: Ctx, op, i: int, d: int, xa, xo, axes, c: int, red: bool, bidir: bool):
+    """The looped operand's free dim d: at step s device j holds chunk (j - s) mod P (and,
+    bidirectional, the second halves of chunk (j + s) mod P), dots it into its rows of the
+    result and passes it on. One loop over the P - 1 steps that send (a step's dots do not
+    wait for its permutes), the last step's dots after it: the program does not grow with P."""
+    out = op.outputs[0]
     od = _out_dim(op, i, d)
+    p = ctx.k(axes)
     me = ctx.index(axes)
-    blocks = []  # (global chunk index, row offset in the chunk, local dot result)
 
     def dot_with(chunk):
-        return _dot(ctx, op, chunk, xj.x, bool(red)) if i == 0 else _dot(ctx, op, xj.x, chunk, bool(red))
+        return _dot(ctx, op, chunk, xo, red) if i == 0 else _dot(ctx, op, xo, chunk, red)
 
-    if bidir:
-        h = c // 2
-        fwd, bwd = lax.slice_in_dim(xa, 0, h, axis=d), lax.slice_in_dim(xa, h, c, axis=d)
-        for s in range(p):
-            blocks.append((_mod(me, -s, p), 0, dot_with(fwd)))
-            blocks.append((_mod(me, s, p), h, dot_with(bwd)))
-            if s < p - 1:
-                fwd, bwd = _ring(ctx, fwd, axes, 1), _ring(ctx, bwd, axes, -1)
-    else:
-        chunk = xa
-        for s in range(p):
-            blocks.append((_mod(me, -s, p), 0, dot_with(chunk)))
-            if s < p - 1:
-                chunk = _ring(ctx, chunk, axes, 1)
-    y0 = blocks[0][2]
-    shape = list(y0.shape)
+    part = jax.eval_shape(dot_with, xa)
+    shape = list(part.shape)
     shape[od] = p * c
-    y = jnp.zeros(shape, y0.dtype)
-    for blk, off, part in blocks:
-        start = [jnp.int32(0)] * y.ndim
-        start[od] = blk * jnp.int32(c) + jnp.int32(off)
-        y = lax.dynamic_update_slice(y, part, start)
-    y = lax.slice_in_dim(y, 0, out.shape[od], axis=od)
-    name = "bidirectional " if bidir else ""
-    n_perm = (2 if bidir else 1) * (p - 1)
-    _record(ctx, f"all-gather({ctx.fine.label(axes)}) {shard}B + dot",
-            f"{p} partial dots and {n_perm} {name}collective-permutes", t, plain)
-    return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
+    y = jnp.zeros(shape, part.dtype)
+    h = c // 2
+
+    def step(s, carry):
+        y, chunks = carry
+        if bidir:
+            fwd, bwd = chunks
+            y = _put(y, dot_with(fwd), od, _mod(me - s, 0, p) * jnp.int32(c))
+            y = _put(y, dot_with(bwd), od, _mod(me + s, 0, p) * jnp.int32(c) + jnp.int32(h))
+            return y, (fwd, bwd)
+        return _put(y, dot_with(chunks[0]), od, _mod(me - s, 0, p) * jnp.int32(c)), chunks
+
+    def body(s, carry):
+        y, chunks = carry
+        sent = (_ring(ctx, chunks[0], axes, 1),) + ((_ring(ctx, chunks[1], axes, -1),) if bidir else ())
+        y, _ = step(s, (y, chunks))
+        return y, sent
+
+    chunks = (lax.slice_in_dim(xa, 0, h, axis=d), lax.slice_in_dim(xa, h, c, axis=d)) if bidir else (xa,)
+    y, chunks = lax.fori_loop(0, p - 1, body, (y, chunks))
+    y, _ = step(jnp.int32(p - 1), (y, chunks))
+    return lax.slice_in_dim(y, 0, out.shape[od], axis=od)
+
+
+def _contracting_ring(ctx: Ctx, op, i: int, d: int, xa, xo, axes, c: int, red: bool):
+    """The looped operand's contracting dim d: at step s device j holds block (j - s) mod P of
+    it, multiplies it with the same rows of the other operand's (whole) contracting dim and
+    adds the product to its result; the block passes on. P dots, P - 1 permutes, one loop."""
+    (lc, rc), _ = op.params["dimension_numbers"]
+    mine, theirs = (lc, rc) if i == 0 else (rc, lc)
+    e = theirs[list(mine).index(d)]
+    p = ctx.k(axes)
+    me = ctx.index(axes)
+    xo = pad_dim(xo, e, p * c)
+    out = op.outputs[0]
+    held = dtypes.accumulation_dtype("sum", out.dtype)  # what a partial result is held in
+    # the P partial products add up in float32 at least (the plain dot accumulates so inside)
+    acc_dtype = np.promote_types(held, np.float32) if jnp.issubdtype(held, jnp.floating) else np.dtype(held)
+
+    def dot_block(s, chunk):
+        rows = lax.dynamic_slice_in_dim(xo, _mod(me - s, 0, p) * jnp.int32(c), c, axis=e)
+        pair = (chunk, rows) if i == 0 else (rows, chunk)
+        params = dict(op.params, preferred_element_type=acc_dtype)
+        return op.primitive.bind(pair[0], pair[1], **params).astype(acc_dtype)
+
+    def body(s, carry):
+        acc, chunk = carry
+        return acc + dot_block(s, chunk), _ring(ctx, chunk, axes, 1)
+
+    acc = jnp.zeros(jax.eval_shape(dot_block, jnp.int32(0), xa).shape, acc_dtype)
+    acc, chunk = lax.fori_loop(0, p - 1, body, (acc, xa))
+    acc = acc + dot_block(jnp.int32(p - 1), chunk)
+    return acc.astype(held if red else out.dtype)  # a partial is held as _dot holds it
 
 
 # -- dot feeding a reduce-scatter --------------------------------------------------------------
@@ -268,15 +338,14 @@ def dot_reduce_scatter(ctx: Ctx, op, rule, plan, args) -> Optional[list[PValue]]
     xs = [xl, xr]
     xs[i] = pad_dim(xs[i], d, p * c)
     me = ctx.index(axes)
-    acc = None
-    for s in range(p):
-        blk = _mod(me, -1 - s, p)
+
+    def part(s):  # the partial of block (j - 1 - s) mod P
         ops = list(xs)
-        ops[i] = lax.dynamic_slice_in_dim(xs[i], blk * jnp.int32(c), c, axis=d)
-        part = _dot(ctx, op, ops[0], ops[1], True).astype(acc_dtype)
-        acc = part if acc is None else acc + part
-        if s < p - 1:
-            acc = _ring(ctx, acc, axes, 1)
+        ops[i] = lax.dynamic_slice_in_dim(xs[i], _mod(me - s, -1, p) * jnp.int32(c), c, axis=d)
+        return _dot(ctx, op, ops[0], ops[1], True).astype(acc_dtype)
+
+    # one loop over the steps that receive (the step's dot does not wait for the permute)
+    acc = lax.fori_loop(1, p, lambda s, acc: _ring(ctx, acc, axes, 1) + part(s), part(jnp.int32(0)))
     want = tuple(tuple(w) for w in ctx.want[out.id])
     _record(ctx, f"dot + reduce-scatter({ctx.fine.label(axes)}) {looped * p}B",
             f"{p} partial dots and {p - 1} collective-permutes of the accumulator", t, plain)

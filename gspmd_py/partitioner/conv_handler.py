@@ -34,6 +34,7 @@ from .context import Ctx
 from .halo import window_geometry, window_segment
 from .pvalue import ceil_div
 from .registry import handler
+from .reshard import reshard
 
 
 @attrs.frozen
@@ -145,11 +146,24 @@ def _segments(ctx: Ctx, g: ConvGeometry, modes, x, lhs_dims, explicit: bool):
     return x, tuple(new_pad), tuple(new_ld)
 
 
+def _kernel_rows_local(ctx: Ctx, g: ConvGeometry, modes, rhs, projected):
+    """A kernel-sharded dim's kernel rows as the projection splits them. The driver leaves a
+    windowed dim held whole as it is (the input's rows are fetched by halo), but the kernel
+    form reads the kernel rows each device holds: slice them locally (no collective)."""
+    target = list(rhs.dims)
+    for s, (mode, _) in enumerate(modes):
+        ki = g.dims(s)[1]
+        if mode == "B" and not rhs.dims[ki]:
+            target[ki] = tuple(projected[ki])
+    return rhs if tuple(target) == tuple(rhs.dims) else reshard(ctx, rhs, tuple(target))
+
+
 @handler("conv")
 def partition_conv(ctx: Ctx, op, rule, plan, args):
     g = ConvGeometry.of(op)
     lhs, rhs = args
     modes = _modes(rule, plan, g)
+    rhs = _kernel_rows_local(ctx, g, modes, rhs, plan.operands[1])
     red = plan.partial_axes  # the projection's partial results (sum)
     x, kx = lhs.x, rhs.x
     if red:  # padding rows of contracted dims (features, sharded kernel rows) read as zero

@@ -93,6 +93,9 @@ def report(res: AutoResult) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r[:5], widths)) + "  " + r[5])
+    if s.unbuildable:
+        lines.append(f"skipped: {s.unbuildable} candidate program(s) the partitioner could not build "
+                     f"(the first: {s.first_failure})")
     lines.append("in_shardings: " + _tree_text(res.in_shardings))
     return "\n".join(lines)
 

@@ -96,6 +96,8 @@ class SearchResult:
     memory_limit: Optional[float]
     classes: tuple[PointClass, ...]
     screened: int = 0  # states the cost tables ranked (the pre-screen; tables.py)
+    unbuildable: int = 0  # candidates' programs the partitioner could not build (skipped)
+    first_failure: str = ""  # what failed in the first of them
 
 
 def bytes_text(b: float) -> str:
@@ -174,7 +176,7 @@ class _Search:
             return got
         price, _ = self.pricer.price(self.seeds(state), prop)
         fits = self.memory_limit is None or price.peak_memory_bytes <= self.memory_limit
-        score = ((0, price.step_s, price.comm_bytes, len(state)) if fits
+        score = ((2, len(state)) if price.failed else (0, price.step_s, price.comm_bytes, len(state)) if fits
                  else (1, price.peak_memory_bytes, price.step_s, len(state)))
         cand = Candidate(state, self.describe(state), price, fits)
         got = self.memo[state] = (score, cand, self.pricer.last_key)
@@ -338,6 +340,9 @@ class _Search:
         self.restarts()
         self.progress(final=True)
         score, best, _ = self.best()
+        if best.price.failed:
+            raise ShardingError(f"{self.who}: the partitioner could not build any of {len(self.memo)} candidates over "
+                                f"{', '.join(self.axes)}; the first failed with {best.price.failed}")
         if not best.fits:
             raise MemoryLimitError(
                 f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={bytes_text(self.memory_limit)} per "
@@ -347,7 +352,7 @@ class _Search:
                 + ". Shard more axes, raise the limit, or shrink these tensors")
         seen, top = set(), []
         for g in sorted(self.memo.values(), key=lambda g: (g[0], g[1].actions)):
-            if g[2] not in seen:
+            if g[2] not in seen and not g[1].price.failed:
                 seen.add(g[2])
                 top.append(g[1])
             if len(top) == 5:
@@ -355,7 +360,8 @@ class _Search:
         base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
         return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
-                            self.memory_limit, tuple(self.classes), self.screened)
+                            self.memory_limit, tuple(self.classes), self.screened, self.pricer.failed,
+                            self.pricer.first_failure)
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,

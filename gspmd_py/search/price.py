@@ -34,6 +34,12 @@ class Price:
     comm_bytes: float
     collectives: int  # collective records in the program (combined ones count once)
     top_buffers: tuple[tuple[str, int], ...] = ()  # the largest live values at the peak: (what, bytes)
+    failed: str = ""  # why the partitioner could not build this candidate ("" when it could)
+
+
+def unbuildable(reason: str) -> Price:
+    """The price of a candidate the partitioner cannot build: worse than any built one."""
+    return Price(float("inf"), 0, float("inf"), 0, (), reason)
 
 
 @attrs.define(eq=False)
@@ -83,6 +89,8 @@ class Pricer:
         self.priced = 0  # distinct programs built and costed
         self.propagated = 0
         self.last_key = None  # the fingerprint of the last priced candidate
+        self.failed = 0  # distinct programs the partitioner could not build (priced as unbuildable)
+        self.first_failure = ""  # the first of them: what failed
         self._template: Optional[Propagation] = None
 
     def propagate(self, seeds: Sequence[Seed]) -> Propagation:
@@ -99,12 +107,23 @@ class Pricer:
         got = self._memo.get(key)
         if got is None:
             self.priced += 1
+            got = self._memo[key] = self._build(prop)
+        return got, prop
+
+    def _build(self, prop: Propagation) -> Price:
+        """Build and cost one candidate. A candidate the partitioner cannot build is one
+        candidate lost, not the search: it is priced as unbuildable, counted and named."""
+        try:
             prog = per_device_program(self.graph, self.mesh, prop, self.combine)
             prog.donate_argnums = self.donate
             c = cost(prog, self.hw)
-            got = self._memo[key] = Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.collectives),
-                                          _top_buffers(self.graph, self.mesh, prop))
-        return got, prop
+        except Exception as e:  # noqa: BLE001  (any partitioner failure: ShardingError, assertion, JAX error)
+            self.failed += 1
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            self.first_failure = self.first_failure or reason
+            return unbuildable(reason)
+        return Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.collectives),
+                     _top_buffers(self.graph, self.mesh, prop))
 
 
 def _top_buffers(graph: Graph, mesh: Mesh, prop: Propagation, n: int = 3) -> tuple[tuple[str, int], ...]:

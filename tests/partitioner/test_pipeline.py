@@ -147,3 +147,31 @@ def test_inside_the_loop_only_collective_permutes_over_pipe(repeats):
     assert {k for k, _ in _in_loop(g)} == {"collective-permute"}, g.report()
     assert {a for _, a in _in_loop(g)} == {("pipe",)}, g.report()
     assert [c.kind for c in g.collectives if c.axes == ("data",)] == ["all-reduce"], g.report()
+
+
+@pytest.mark.parametrize("mesh_shape,repeats", [((2, 4), 2), ((2, 4), 5), ((1, 8), 2)])
+def test_circular_weights_given_as_pipe_move_by_one_all_to_all_per_leaf(mesh_shape, repeats):
+    """Issue 25: with circular_repeats > 1 the stacked weights given as P("pipe") were re-laid
+    out by an all-gather over a sub-axis plus all-to-alls (or an all-gather of the whole stack):
+    now one all-to-all per leaf, once, outside the loop, named by the report; values and
+    gradients equal the sequential model."""
+    mesh = gp.Mesh(mesh_shape, ("data", "pipe"))
+    S = mesh_shape[1]
+    params, x = weights(S * repeats, 6), batch(2 * S, 7)
+    f = gp.spmd(piped(S, repeats), mesh, in_shardings=(PARAM_SPECS, P("data", None)))
+    plan = f.plan(params, x)
+    outside = [(c.kind, c.axes) for c in plan.collectives if not c.in_loop and c.kind != "all-reduce"]
+    assert outside == [("all-to-all", ("pipe",))] * 2, plan.report()  # "w" and "b"
+    assert _in_loop(plan) == [("collective-permute", ("pipe",))]
+    assert "re-laid out once per call, before the loop, by one all-to-all per leaf" in plan.report()
+    assert_same(f(params, x), jnp.asarray(sequential(params, x)), rtol=2e-5, atol=2e-5)
+    if repeats != 5:
+        return
+
+    def loss(params, x):
+        return jnp.sum(piped(S, repeats)(params, x) ** 2)
+
+    g = gp.spmd(jax.grad(loss), mesh, in_shardings=(PARAM_SPECS, P("data", None)))
+    want = jax.grad(lambda p, x: jnp.sum(sequential(p, x) ** 2))(params, x)
+    assert_same(g(params, x), jax.tree_util.tree_map(jnp.asarray, want), rtol=1e-4, atol=1e-4)
+    assert not [c for c in g.plan(params, x).collectives if c.kind == "all-gather" and "pipe" in c.axes]

@@ -214,3 +214,27 @@ def test_random_convs_and_their_gradients(cfg, grad):
         g = jax.grad(lambda x, w: (f(x, w) ** 2).sum(), argnums=(0, 1))
     plan = check(g, MESH, (rand(xs), rand(ws, seed=1)), (spec, None), rtol=1e-4, atol=1e-4)
     assert not plan.fallbacks
+
+
+@pytest.mark.parametrize("mesh,axis", [(MESH, "y"), (MESH, "x"), (gp.Mesh((8,), ("a",)), "a")])
+def test_grouped_conv_weight_gradient_with_spatial_dim_and_out_channels_on_one_axis(mesh, axis):
+    """Issue 25: the weight gradient of a feature_group_count=4 conv (a batch_group_count=4
+    conv in JAX's transpose) with the input's H and the kernel's output channels on the same
+    axis: the kernel-form conv met the cotangent's rows held whole and crashed."""
+    f = conv_fn((1, 1), "SAME", fgc=4)
+    x, w = rand((2, 12, 6, 8)), rand((3, 3, 2, 8), seed=1)
+    grads = jax.grad(lambda x, w: (f(x, w) ** 2).sum(), argnums=(0, 1))
+    plan = check(grads, mesh, (x, w), (gp.P(None, axis), gp.P(None, None, None, axis)), rtol=1e-3, atol=1e-3)
+    assert not plan.fallbacks
+
+
+def test_stride2_conv_weight_gradient_input_H_and_result_W_sharded():
+    """Issue 25: the weight gradient of a stride-2 conv, the input's H over y and the result's
+    W over x (a U-Net layer the search meets): the kernel-form dims must read the kernel rows
+    each device holds, not the whole cotangent (was an assertion in conv_handler)."""
+    def loss(x, w):
+        y = lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=NHWC)
+        return jnp.sum(gp.annotate(y, gp.P(None, None, "x", None)) ** 2)
+    x, w = rand((2, 16, 16, 3)), rand((3, 3, 3, 4), seed=1)
+    plan = check(jax.grad(loss, argnums=(0, 1)), MESH, (x, w), (gp.P(None, "y"), None), rtol=1e-4, atol=1e-4)
+    assert not plan.fallbacks

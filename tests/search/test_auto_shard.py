@@ -141,3 +141,28 @@ def test_data_parallel_start_state_leaves_scale_vectors_alone():
                         time_budget_s=20)
     base = dict(res.search.baselines)
     assert base["data parallel (m)"].text == "arg0 dim 0 on m", base["data parallel (m)"].text
+
+
+def test_candidate_the_partitioner_cannot_build_is_skipped_and_reported(monkeypatch):
+    """Issue 25: one candidate the partitioner cannot build (there: a conv handler's assertion
+    on a U-Net) killed the whole gp.auto_shard call. Here the dot handler refuses the first
+    weight split on its columns (the Megatron candidate, the best one): the search skips every
+    candidate that needs it, counts them, and the report says so."""
+    from gspmd_py.partitioner import registry
+
+    dot = registry.HANDLERS["dot"]
+
+    def refuse_column_split(ctx, op, rule, plan, args):
+        if tuple(args[1].shape) == (4096, 16384) and args[1].dims[1]:
+            raise gp.ShardingError("test: this dot cannot be built with its weight's columns split")
+        return dot(ctx, op, rule, plan, args)
+
+    monkeypatch.setitem(registry.HANDLERS, "dot", refuse_column_split)
+    mesh = gp.Mesh((8,), ("m",))
+    args = (S((16, 4096), f32), S((4096, 16384), f32), S((16384, 4096), f32))
+    res = gp.auto_shard(mlp, mesh, *args, hardware=HW, time_budget_s=20)
+    assert res.in_shardings[1] != P(None, "m")
+    assert res.search.unbuildable >= 1 and "cannot be built" in res.search.first_failure
+    text = res.report()
+    assert f"skipped: {res.search.unbuildable} candidate" in text and "cannot be built" in text
+    assert all(np.isfinite(c.price.step_s) for c in res.search.top)
