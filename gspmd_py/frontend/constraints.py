@@ -74,6 +74,9 @@ _JAX_SAYS = (  # JAX's own checks of a bare PartitionSpec, while the user's func
     (re.compile(r"spec=(P\([^)]*\))\) is only valid for values of rank at least (\d+), but was applied to a "
                 r"value of rank (\d+)"),
      lambda m, mesh: f"spec {m[1]} has {m[2]} entries for a tensor of rank {m[3]}"),
+    (re.compile(r"Length of sharding\.spec \((\d+)\) must be equal to aval's ndim \((\d+)\)\. Got sharding\.spec "
+                r"(P\([^)]*\))"),  # jax >= 0.12's words for the same
+     lambda m, mesh: f"spec {m[3]} has {m[1]} entries for a tensor of rank {m[2]}"),
     (re.compile(r"PartitionSpec passed to reshard cannot contain axis names that are of type Auto.*?Got "
                 r"PartitionSpec: (P\([^)]*\)) with axis name"),
      lambda m, mesh: f"a bare PartitionSpec {m[1]} needs mesh axes of type Explicit (jax.set_mesh of a mesh "

@@ -32,9 +32,26 @@ def summary(plan):
 
 
 def replica_groups(plan):
+    """(kind, groups) of each collective XLA compiled, the groups as explicit device lists whatever
+    form the HLO text uses (``{{0,1},{2,3}}``; jax >= 0.12: ``mesh['a'=2,'b'=4] {'b'}``)."""
     text = plan.compiled().as_text()
-    return [(k, g) for k, g in re.findall(r"= \S+ (all-reduce|reduce-scatter|all-gather)(?:-start)?\(.*?"
-                                          r"replica_groups=(\{[\d,{}]*\})", text)]
+    found = re.findall(r"= \S+ (all-reduce|reduce-scatter|all-gather)(?:-start)?\(.*?"
+                       r"replica_groups=(\{[\d,{}]*\}|mesh\[[^\]]*\] \{[^}]*\})", text)
+    return [(k, _explicit_groups(g)) for k, g in found]
+
+
+def _explicit_groups(groups: str) -> str:
+    """``mesh['a'=2,'b'=4] {'b'}`` (devices in mesh order, one group per value of the other axes) as
+    ``{{0,1,2,3},{4,5,6,7}}``; an explicit list as it is."""
+    m = re.fullmatch(r"mesh\[(.*)\] \{(.*)\}", groups)
+    if m is None:
+        return groups
+    axes = [(n, int(s)) for n, s in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+    inner = re.findall(r"'([^']+)'", m.group(2))
+    ids = np.arange(int(np.prod([s for _, s in axes]))).reshape([s for _, s in axes])
+    order = [i for i, (n, _) in enumerate(axes) if n not in inner] + [[n for n, _ in axes].index(n) for n in inner]
+    rows = ids.transpose(order).reshape(-1, int(np.prod([s for n, s in axes if n in inner])))
+    return "{" + ",".join("{" + ",".join(map(str, r)) + "}" for r in rows) + "}"
 
 
 def test_preset_node_size():
