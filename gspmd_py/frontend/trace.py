@@ -28,13 +28,14 @@ import jax
 import numpy as np
 
 from .annotate import annotate_p, spec_entries
-from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
+from .constraints import CONSTRAINTS, as_annotation, put_layout, tracing_mesh
 from ..errors import ShardingError
 from . import shifts
 from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
 INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
-          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call", "spmd_call"}
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name", "named_call", "spmd_call",
+          "call", "composite"}  # composite (lax.composite): its decomposition ("jaxpr" / "call_jaxpr")
 REMAT = {"remat", "remat2", "checkpoint"}
 BARRIER = "optimization_barrier_elementwise"  # one operand, one result: an elementwise identity
 REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
@@ -133,6 +134,10 @@ class _Builder:
                 for ov, o in zip(eqn.outvars, outs):
                     env[ov] = o
                 continue
+            if name == "device_put":  # per operand: a layout annotation or an identity (constraints.put_layout)
+                for var, v, dst in zip(eqn.outvars, ins, eqn.params["devices"]):
+                    env[var] = self._put(v, dst, ops, src, "/".join(scope))
+                continue
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
             op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=src, scope="/".join(scope),
                     effects=bool(eqn.effects))
@@ -152,6 +157,18 @@ class _Builder:
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
 
+
+    def _put(self, v: Value, dst, ops: list[Op], source: str, scope: str) -> Value:
+        """One operand of a ``device_put``: through a layout annotation, or as it is."""
+        sharding = put_layout(dst)
+        if sharding is None:
+            return v
+        out = new_value(self.ids, v.shape, v.dtype)
+        op = Op(self.ids(), "device_put", [v], [out], {"sharding": sharding}, annotate_p, source=source, scope=scope)
+        out.producer = op
+        as_annotation(op)
+        ops.append(op)
+        return out
 
     def _check_mesh(self, eqn) -> None:
         inner = eqn.params["spmd"].mesh

@@ -28,6 +28,7 @@ NARY = (
     "eq_to", "lt_to", "le_to",  # total-order comparisons (jnp.searchsorted, histogram, interp, sort keys)
     "igamma_grad_a", "regularized_incomplete_beta",
     "mulhi",  # newer JAX (0.11): the high half of an integer product
+    "polynomial",  # newer JAX (0.12): Horner's rule, x and its coefficients broadcast (erf's gradient)
 )
 IDENTITY = ("gspmd_annotate", "gspmd_tag", "gspmd_pipeline")
 # one transcendental per element (cost/counting.py)
