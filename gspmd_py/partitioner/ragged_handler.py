@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
-from ..ops.ragged import CONTRACTING, NONCONTRACTING, mode, shardable
+from ..ops.ragged import BATCH, CONTRACTING, NONCONTRACTING, mode, shardable
 from .context import Ctx
 from .fallback import say_if_sharded
 from .registry import handler
@@ -69,8 +69,18 @@ def ragged_dot(ctx: Ctx, op, rule, plan, args):
             if odim is not None and moved:
                 y = _roll(y, odim, shift)
             return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
+    _say_whole(ctx, kind, ragged, rdn.rhs_group_dimensions)
     y = op.primitive.bind(xl, xr, sizes, **params)
     return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
+
+
+def _say_whole(ctx: Ctx, kind: str, ragged: int, gdims) -> None:
+    """Report a form kept whole (group sizes with batch dims, a ragged batch dim) whose ragged
+    rows or groups arrived sharded: they were gathered, the op computed on every device."""
+    lhs, rhs = ctx.op.incoming[0], ctx.op.incoming[1]
+    if lhs.dims[ragged] or any(rhs.dims[d] for d in gdims):
+        why = "a ragged batch dim" if kind == BATCH else "group sizes with batch dims"
+        ctx.fallback(f"ragged_dot_general with {why}: its ragged rows and groups are computed whole")
 
 
 def _local_groups(ctx: Ctx, gs, n_rows: int, rows, local_rows: int, n_groups: int, groups):
