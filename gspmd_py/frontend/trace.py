@@ -5,6 +5,9 @@ nested calls (jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_v
 and other gp.spmd functions' ``spmd_call``) are inlined; scan/while/cond stay region ops
 whose bodies are nested Graphs; literals and closed-over arrays become constant Values.
 
+A ``device_put`` inside the function is, per operand, a layout annotation (to a NamedSharding,
+as with_sharding_constraint) or an identity (see ``constraints.put_layout``).
+
 An inlined gp.spmd function (``spmd_call``) brings its in/out shardings along as
 ``gp.annotate`` ops around its body (from the call's parameters: its jaxpr is the user's
 function as written), so they become annotations of the outer program; its mesh must be
@@ -38,6 +41,7 @@ INLINE = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpo
           "call", "composite"}  # composite (lax.composite): its decomposition ("jaxpr" / "call_jaxpr")
 REMAT = {"remat", "remat2", "checkpoint"}
 BARRIER = "optimization_barrier_elementwise"  # one operand, one result: an elementwise identity
+PUT = "device_put"  # per operand a layout annotation or an identity (constraints.put_layout)
 REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
 _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -134,7 +138,7 @@ class _Builder:
                 for ov, o in zip(eqn.outvars, outs):
                     env[ov] = o
                 continue
-            if name == "device_put":  # per operand: a layout annotation or an identity (constraints.put_layout)
+            if name == PUT:
                 for var, v, dst in zip(eqn.outvars, ins, eqn.params["devices"]):
                     env[var] = self._put(v, dst, ops, src, "/".join(scope))
                 continue
