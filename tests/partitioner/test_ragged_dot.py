@@ -170,3 +170,13 @@ def test_ragged_dot_rule_text():
     op = next(o for o in g.ops if o.prim == "ragged_dot_general")
     assert str(rule_for(op)) == ("[j,i], [k,i,l], [m] -> [j,l]   (i: reduction(sum), k: reduction(sum), "
                                  "m: need_replication)")
+
+
+def test_ragged_dot_flops_count_each_row_once():
+    """The cost model counts a ragged dot as a dot without the group dim (each row meets one
+    group): rows sharded 8 ways, 2 * (64/8) * 32 * 16 per device, plus the group-size arithmetic."""
+    S = jax.ShapeDtypeStruct
+    plan = gp.spmd(moe, mesh_of(0), in_shardings=(gp.P("x", None), None, None)).plan(
+        S((64, 32), np.float32), S((4, 32, 16), np.float32), S((4,), np.int32))
+    flops = plan.cost(gp.Hardware.preset("h100-node")).flops
+    assert 2 * 8 * 32 * 16 <= flops < 2 * 2 * 8 * 32 * 16
