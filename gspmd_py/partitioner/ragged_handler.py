@@ -69,7 +69,8 @@ def ragged_dot(ctx: Ctx, op, rule, plan, args):
             if odim is not None and moved:
                 y = _roll(y, odim, shift)
             return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
-    _say_whole(ctx, kind, ragged, rdn.rhs_group_dimensions)
+    else:
+        _say_whole(ctx, kind, ragged, rdn.rhs_group_dimensions)
     y = op.primitive.bind(xl, xr, sizes, **params)
     return [ctx.pv(y, out.shape, plan.results[0], plan.partial, out.dtype)]
 

@@ -180,3 +180,15 @@ def test_ragged_dot_flops_count_each_row_once():
         S((64, 32), np.float32), S((4, 32, 16), np.float32), S((4,), np.int32))
     flops = plan.cost(gp.Hardware.preset("h100-node")).flops
     assert 2 * 8 * 32 * 16 <= flops < 2 * 2 * 8 * 32 * 16
+
+
+@pytest.mark.parametrize("lhs_spec,rhs_spec", [(gp.P("x", None), gp.P("x", None, None)),
+                                               (gp.P("x", None), gp.P(None, "x", None))])
+def test_ragged_dot_reshard_is_no_fallback(lhs_spec, rhs_spec):
+    """Rows and experts (or k) both asking for one axis: one is resharded, as for any dot; that is
+    no replicated fallback (no PartitionWarning), whichever wins."""
+    lhs, rhs = rand((16, 8)), rand((4, 8, 6), seed=8)
+    gs = np.array([5, 0, 7, 3], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gp.PartitionWarning)
+        check(moe, mesh_of(0), (lhs, rhs, gs), in_specs=(lhs_spec, rhs_spec, None), **F32)
