@@ -35,7 +35,7 @@ def moe(lhs, rhs, gs):
 
 
 @examples(12)
-@given(mesh=meshes(), m=st.sampled_from([1, 5, 8, 13, 16]), k=st.sampled_from([3, 4, 8]),
+@given(mesh=meshes(), m=st.sampled_from([0, 1, 5, 8, 13, 16]), k=st.sampled_from([0, 3, 4, 8]),
        n=st.sampled_from([2, 5]), g=st.sampled_from([1, 3, 4, 5, 8]),
        cover=st.sampled_from(["all", "fewer", "over"]), bf16=st.booleans(), data=st.data())
 def test_ragged_dot_any_sharding(mesh, m, k, n, g, cover, bf16, data):
