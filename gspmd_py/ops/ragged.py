@@ -2,12 +2,12 @@
 into contiguous groups (``group_sizes``, rows [start_j, start_j + size_j)), each group
 multiplied by its own rhs slice. Three modes, by where the lhs ragged dim sits:
 
-    non-contracting  [m,k] x [g,k,n], [g] -> [m,n]     "[i,j], [k,j,l], [m] -> [i,l]"
+    non-contracting  [m,k] x [g,k,n], [g] -> [m,n]     "[j,i], [k,i,l], [m] -> [j,l]"
                      m (the ragged rows): pass; k: reduction(sum); n: pass;
                      g (the rhs group dim): reduction(sum): a device holding groups
                      [g0, g1) multiplies only their rows, zeros elsewhere (rows of no
                      group are zeros in JAX too), so the result is a partial sum over g's axes
-    contracting      [m,k] x [m,n], [g] -> [g,k,n]     "[i,j], [i,k], [l] -> [m,j,k]"
+    contracting      [m,k] x [m,n], [g] -> [g,k,n]     "[i,j], [i,k], [m] -> [l,j,k]"
                      (the rhs gradient of the above) m: reduction(sum); g: pass (a device
                      computes its own groups)
     batch            [b,m,k] x [b,k,n], [g] -> [b,m,n]   b (ragged): need_replication
