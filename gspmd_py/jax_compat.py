@@ -71,7 +71,8 @@ PRIVATE: tuple[tuple[str, str], ...] = (
 CALL_PARAMS: tuple[str, ...] = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 CALL_PRIMITIVES: frozenset[str] = frozenset({
     "jit", "pjit", "closed_call", "core_call", "eval_jaxpr", "remat", "remat2", "checkpoint", "custom_jvp_call",
-    "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "named_call", "composite"})
+    "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "named_call", "call",
+    "composite"})  # composite (lax.composite): its decomposition ("jaxpr"; 0.12: "call_jaxpr")
 
 
 def missing_private() -> list[str]:

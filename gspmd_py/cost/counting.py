@@ -76,12 +76,14 @@ def eqn_flops(eqn) -> tuple[int, int]:
     p = eqn.params
     outs = [v.aval for v in eqn.outvars]
     if kind == F.DOT_FLOPS:
-        (lc, rc), (lb, rb) = p["dimension_numbers"]
+        ragged = p.get("ragged_dot_dimension_numbers")  # ragged_dot_general: each row meets one group
+        (lc, rc), (lb, rb) = p["dimension_numbers"] if ragged is None else ragged.dot_dimension_numbers
+        groups = () if ragged is None else tuple(ragged.rhs_group_dimensions)
         la, ra = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
         batch = _prod(la[d] for d in lb)
         contract = _prod(la[d] for d in lc)
         lfree = _prod(la[d] for d in range(len(la)) if d not in lc and d not in lb)
-        rfree = _prod(ra[d] for d in range(len(ra)) if d not in rc and d not in rb)
+        rfree = _prod(ra[d] for d in range(len(ra)) if d not in rc and d not in rb and d not in groups)
         return 2 * batch * lfree * rfree * contract, 0
     if kind == F.CONV_FLOPS:
         return conv_flops(eqn), 0

@@ -47,6 +47,7 @@ def tracing_mesh(mesh: Mesh | None) -> Iterator[None]:
 
 
 CONSTRAINTS = ("sharding_constraint", "reshard")
+ORIGINS = {"sharding_constraint": ORIGIN, "reshard": "jax.sharding.reshard", "device_put": "jax.device_put"}
 
 
 @contextlib.contextmanager
@@ -126,8 +127,27 @@ def _user_frame(e: BaseException, line: bool = False) -> str:
     return (f.line or "") if line else f"{f.filename}:{f.lineno} ({f.name})"
 
 
+def put_layout(dst) -> NamedSharding | None:
+    """What a ``device_put`` inside the function asks of one operand's layout: its
+    NamedSharding (of a ``jax.sharding.NamedSharding`` or a ``Format`` holding one), read as
+    a layout annotation like ``with_sharding_constraint`` (over the gp.spmd mesh; a mesh with
+    other axes is refused as a constraint's is); None for an identity.
+
+    A device_put to no destination (``jax.scipy.sparse.linalg.cg``'s copies), to a device,
+    a single-device sharding or a memory space is an identity: the SPMD program places every
+    value itself. Memory kinds (``memory_kind="pinned_host"``, ``jax.memory.Space.Host``, the
+    host-offload remat policies) are not honoured: the values stay in device memory, so results
+    are the same and only the memory the offload would save is not saved. gspmd_py's values
+    carry no memory space, and one program's values cannot move between memories inside the
+    ``shard_map`` body it runs as.
+    """
+    sharding = getattr(dst, "sharding", None) if not isinstance(dst, NamedSharding) else dst
+    return sharding if isinstance(sharding, NamedSharding) else None
+
+
 def as_annotation(op) -> None:
-    """Turn an IR op made from a ``sharding_constraint`` (or ``reshard``) eqn into a
+    """Turn an IR op made from a ``sharding_constraint`` (or ``reshard``) eqn, or from one
+    operand of a ``device_put`` (param ``sharding``: its ``put_layout``), into a
     ``gspmd_annotate`` op, in place.
 
     ``reshard`` is what ``jax.sharding.reshard`` and JAX's own indexing code emit under a mesh
@@ -137,7 +157,7 @@ def as_annotation(op) -> None:
     p = op.params
     reshard = op.prim == "reshard"
     sharding, rank = p.get("dst_sharding" if reshard else "sharding"), op.outputs[0].rank
-    origin = "jax.sharding.reshard" if reshard else ORIGIN
+    origin = ORIGINS.get(op.prim, ORIGIN)
     where = f"{origin} at {op.source or 'op %d' % op.id} on {op.outputs[0].type_str}"
     if not isinstance(sharding, NamedSharding):
         raise SpecError(f"{where}: a {type(sharding).__name__}; gspmd_py reads a NamedSharding or a "

@@ -5,6 +5,9 @@ nested calls (jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_v
 and other gp.spmd functions' ``spmd_call``) are inlined; scan/while/cond stay region ops
 whose bodies are nested Graphs; literals and closed-over arrays become constant Values.
 
+A ``device_put`` inside the function is, per operand, a layout annotation (to a NamedSharding,
+as with_sharding_constraint) or an identity (see ``constraints.put_layout``).
+
 An inlined gp.spmd function (``spmd_call``) brings its in/out shardings along as
 ``gp.annotate`` ops around its body (from the call's parameters: its jaxpr is the user's
 function as written), so they become annotations of the outer program; its mesh must be
@@ -28,7 +31,7 @@ import jax
 import numpy as np
 
 from .annotate import annotate_p, spec_entries
-from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
+from .constraints import CONSTRAINTS, as_annotation, put_layout, tracing_mesh
 from .. import dtypes, jax_compat as compat
 from ..errors import ShardingError
 from . import shifts
@@ -37,6 +40,7 @@ from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 INLINE = compat.CALL_PRIMITIVES | {"spmd_call"}
 REMAT = {"remat", "remat2", "checkpoint"}
 BARRIER = "optimization_barrier_elementwise"  # one operand, one result: an elementwise identity
+PUT = "device_put"  # per operand a layout annotation or an identity (constraints.put_layout)
 REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
 # identities the tracer drops: ``name`` (jax.ad_checkpoint.checkpoint_name) only names a value for a
 # remat policy, which JAX applied when it differentiated the program (the policy sees it there)
@@ -153,6 +157,10 @@ class _Builder:
                 for ov, o in zip(eqn.outvars, outs):
                     env[ov] = o
                 continue
+            if name == PUT:
+                for var, v, dst in zip(eqn.outvars, ins, eqn.params["devices"]):
+                    env[var] = self._put(v, dst, ops, src, "/".join(scope))
+                continue
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
             op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=src, scope="/".join(scope),
                     effects=bool(eqn.effects))
@@ -172,6 +180,18 @@ class _Builder:
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
 
+
+    def _put(self, v: Value, dst, ops: list[Op], source: str, scope: str) -> Value:
+        """One operand of a ``device_put``: through a layout annotation, or as it is."""
+        sharding = put_layout(dst)
+        if sharding is None:
+            return v
+        out = new_value(self.ids, v.shape, v.dtype)
+        op = Op(self.ids(), "device_put", [v], [out], {"sharding": sharding}, annotate_p, source=source, scope=scope)
+        out.producer = op
+        as_annotation(op)
+        ops.append(op)
+        return out
 
     def _check_mesh(self, eqn) -> None:
         inner = eqn.params["spmd"].mesh

@@ -28,8 +28,9 @@ NARY = (
     "eq_to", "lt_to", "le_to",  # total-order comparisons (jnp.searchsorted, histogram, interp, sort keys)
     "igamma_grad_a", "regularized_incomplete_beta",
     "mulhi",  # newer JAX (0.11): the high half of an integer product
+    "polynomial",  # newer JAX (0.12): Horner's rule, x and its coefficients broadcast (erf's gradient)
 )
-IDENTITY = ("gspmd_annotate", "gspmd_tag", "gspmd_pipeline")
+IDENTITY = ("gspmd_annotate", "gspmd_tag", "gspmd_pipeline", "stage")  # stage: lax.stage, lifts into the trace
 # one transcendental per element (cost/counting.py)
 TRANSCENDENTAL = (
     "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "cos", "cosh", "digamma", "erf", "erf_inv",

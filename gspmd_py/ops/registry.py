@@ -19,6 +19,7 @@ import attrs
 
 from ..errors import UnsupportedOpError
 from .facts import UNKNOWN, OpFacts
+from .refused import reason
 from .rule import HANDLER_NAMES, OpRule
 
 RuleFn = Callable[..., OpRule]
@@ -93,6 +94,8 @@ def _build_rule(op) -> OpRule:
         parts = [f"emitted by {op.scope.split('/')[0]!r}"] if getattr(op, "scope", "") else []
         parts += [f"at {op.source}"] if getattr(op, "source", "") else []
         where = f" ({', '.join(parts)})" if parts else ""
+        if reason(op.prim):
+            raise UnsupportedOpError(f"primitive {op.prim!r}{where} is not supported by gspmd_py: {reason(op.prim)}")
         raise UnsupportedOpError(
             f"primitive {op.prim!r}{where} has no sharding rule in gspmd_py; supported primitives: "
             f"{', '.join(registered()[:12])}, ... ({len(_RULES)} in all; see gspmd_py.ops.registered())"

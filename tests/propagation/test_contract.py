@@ -86,6 +86,10 @@ SAMPLES = {
     "select_and_gather_add": [(lambda a, t: jax.jvp(lambda v: lax.reduce_window(
         v, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), (a,), (t,))[1], [(2, 9, 8, 3), (2, 9, 8, 3)])],
     "debug_callback": [(lambda a: (jax.debug.callback(lambda v: None, a), a * 2)[1], [(6, 5)])],
+    "dce_sink": [(lambda a: (lax.dce_sink(jnp.sin(a)), a * 2)[1], [(6, 5)])],
+    "ragged_dot_general": [(lambda a, w: lax.ragged_dot(a, w, jnp.array([2, 0, 4], jnp.int32)), [(7, 5), (3, 5, 4)]),
+                           (jax.grad(lambda a, w: jnp.sum(lax.ragged_dot(a, w, jnp.array([2, 0, 4], jnp.int32)) ** 2),
+                                     argnums=(0, 1)), [(7, 5), (3, 5, 4)])],
     "pure_callback": [(lambda a: jax.pure_callback(lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct(a.shape, a.dtype),
                                                    a), [(6, 5)])],
 }
