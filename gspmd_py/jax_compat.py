@@ -200,15 +200,14 @@ def threefry2x32_p():
     return getattr(jax.extend.random, "threefry2x32_p", None)
 
 
-def key_wrap(keys) -> tuple[Any, dict]:
-    """(primitive, parameters) of the ``random_wrap`` equation that makes key arrays like ``keys``
-    from their key data (read off JAX's own ``jax.random.wrap_key_data``)."""
+def key_wrap(keys) -> tuple[ClosedJaxpr, Any]:
+    """(the jaxpr that makes key arrays like ``keys`` from their key data, that key data): JAX's own
+    ``jax.random.wrap_key_data`` traced."""
     data = jax.random.key_data(keys)
     impl = jax.random.key_impl(keys)
     closed = jax.make_jaxpr(lambda d: jax.random.wrap_key_data(d, impl=impl))(
         jax.ShapeDtypeStruct(data.shape, data.dtype))
-    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "random_wrap"]
-    return eqn.primitive, dict(eqn.params)
+    return closed, data
 
 
 def runtime_tokens() -> dict:

@@ -76,13 +76,12 @@ class _Builder:
     def _key_const(self, keys, ops: list[Op] | None) -> Value:
         if ops is None:
             raise ShardingError("a typed PRNG key constant needs an op list to be rebuilt in")
-        raw = self.const(np.asarray(jax.random.key_data(keys)))
-        out = new_value(self.ids, keys.shape, keys.dtype)
-        prim, params = compat.key_wrap(keys)
-        op = Op(self.ids(), "random_wrap", [raw], [out], params, prim)
-        out.producer = op
-        ops.append(op)
-        return out
+        closed, data = compat.key_wrap(keys)
+        inner, consts = _open(closed)
+        local = {inner.invars[0]: self.const(np.asarray(data))}
+        local.update({var: self.const(c, var.aval.dtype, ops) for var, c in zip(inner.constvars, consts)})
+        self._eqns(inner.eqns, local, ops)
+        return self._read(local, inner.outvars[0], ops)
 
     def convert(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Value] | None = None,
                 scope: tuple[str, ...] = (), where: str = "", ports: bool = False) -> Graph:

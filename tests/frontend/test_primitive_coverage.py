@@ -11,6 +11,7 @@ functions (and their gradients) emit when gspmd_py traces them.
 from __future__ import annotations
 
 import jax
+import jax.ad_checkpoint
 import jax.extend.core.primitives as jex_prims
 import jax.numpy as jnp
 import jax.scipy as jsp
