@@ -190,7 +190,8 @@ def interpret(closed_jaxpr, args, hook: Optional[Callable[[int, Any, list], list
     for v, a in zip(j.invars, args):
         env[v] = a
     for i, eqn in enumerate(j.eqns):
-        subfuns, params = eqn.primitive.get_bind_params(eqn.params)
+        params = eqn.primitive.get_bind_params(eqn.params)
+        subfuns, params = params if isinstance(params, tuple) else ((), params)  # older jax: (subfuns, params)
         outs = eqn.primitive.bind(*subfuns, *[read(v) for v in eqn.invars], **params)
         outs = list(outs) if eqn.primitive.multiple_results else [outs]
         if hook is not None:

@@ -248,8 +248,24 @@ def cases(draw, fn, example_args: tuple, *, mesh=None, in_shardings=None, vary_s
     return Case(f, m, tuple(args), specs)
 
 
-def _run_gp(case: Case, mode: str):
-    f = spmd(case.fn, case.mesh, in_shardings=case.in_shardings)
+def _key(case: Case):
+    try:
+        hash(case.fn)
+        fn_key = case.fn  # held by the cache: its id cannot be reused while the cache lives
+    except TypeError:
+        fn_key = (id(case.fn), case.fn.__class__)
+    return (fn_key, case.mesh, repr(case.in_shardings))
+
+
+def _run_gp(case: Case, mode: str, cache: Optional[dict]):
+    """gp.spmd(fn) on the case; ``cache`` (one per assertion) keeps the gp.spmd function per (fn,
+    mesh, in_shardings), so that examples differing only in values (most of shrinking) reuse its plan."""
+    key = _key(case)
+    f = cache.get(key) if cache is not None else None
+    if f is None:
+        f = spmd(case.fn, case.mesh, in_shardings=case.in_shardings)
+        if cache is not None:
+            cache[key] = f
     return f, apply_mode(mode, f, case.args)
 
 
@@ -271,9 +287,11 @@ def _explain(f, case: Case, i: int) -> str:
         return f"(plan.explain unavailable: {type(e).__name__}: {e})"
 
 
-def check_case(case: Case, *, reference=None, modes: Sequence[str] = ("value",), tol: Any = "auto") -> Optional[str]:
+def check_case(case: Case, *, reference=None, modes: Sequence[str] = ("value",), tol: Any = "auto",
+               cache: Optional[dict] = None) -> Optional[str]:
     """None when gp.spmd(fn) matches the reference on ``case`` in every mode; else the failure message."""
-    ref = _reference_fn(case, reference)
+    ref = _reference_fn(case, reference) if cache is None else \
+        cache.setdefault(("reference", _key(case)), _reference_fn(case, reference))
     ref_name = "fn unpartitioned" if reference is None else "jax.jit with the same shardings" \
         if isinstance(reference, str) else f"reference {getattr(reference, '__name__', reference)!r}"
     for mode in modes:
@@ -286,7 +304,7 @@ def check_case(case: Case, *, reference=None, modes: Sequence[str] = ("value",),
             reject()
         f = None
         try:
-            f, got = _run_gp(case, mode)
+            f, got = _run_gp(case, mode, cache)
             problems = compare_trees(got, want, trace, case.args, tol)
         except Exception as e:  # noqa: BLE001 - a crash of gp.spmd is a failure, with its reproducer
             problems = [f"gp.spmd raised {type(e).__name__}: {str(e)[:2000]}"]
@@ -341,10 +359,12 @@ def assert_spmd_equivalent(fn, *example_args, mesh=None, in_shardings=None, refe
                     database=None, derandomize=settings.default.derandomize if seed is None else False,
                     suppress_health_check=list(HealthCheck))
 
+    cache: dict = {}
+
     @conf
     @given(strategy)
     def spmd_equivalent(case):
-        msg = check_case(case, reference=reference, modes=modes, tol=tol)
+        msg = check_case(case, reference=reference, modes=modes, tol=tol, cache=cache)
         if msg:
             raise AssertionError(msg)
 

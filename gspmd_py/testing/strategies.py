@@ -13,6 +13,7 @@ replicated specs, the smallest sizes, plain values.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional, Sequence
 
@@ -33,7 +34,7 @@ AXIS_NAMES = ("x", "y", "z", "w")
 DIM_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 16)
 MAX_ELEMS = 4096
 DEVICE_ORDERS = ("identity", "reversed", "node split", "random")
-_SPLITS = {2: [[2]], 4: [[4], [2, 2]], 8: [[8], [2, 4], [4, 2], [2, 2, 2]], 16: [[16], [4, 4], [2, 8]]}
+_SPLITS = {4: [[4], [2, 2]], 8: [[8], [2, 4], [4, 2], [2, 2, 2]], 16: [[16], [4, 4], [2, 8]]}
 
 
 def _n_devices() -> int:
@@ -72,20 +73,9 @@ def meshes(draw, max_devices: int = 8, max_axes: int = 3, *, axis_names: Optiona
         raise ValueError(f"gpt.meshes: no mesh of {min_devices}..{max_devices} devices over {max_axes} axes "
                          f"(jax has {_n_devices()} devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8 "
                          f"before jax is imported, or use gpt.pytest_plugin)")
-    n_axes = draw(st.integers(1, max_axes))
-    shape: list[int] = []
-    budget = max_devices
-    for i in range(n_axes):
-        fits = [s for s in sizes if s <= budget]
-        if abstract and i == 0 and max_devices >= 1024:
-            fits = fits + [s for s in (64, 128, 256, 512) if s <= budget]
-        shape.append(draw(st.sampled_from(fits)))
-        budget //= shape[-1]
+    shape = draw(st.sampled_from(mesh_shapes(max_devices, max_axes, min_devices, tuple(sizes), abstract)))
     total = math.prod(shape)
-    if total < min_devices:  # make the first axis carry the rest
-        grow = [s for s in sizes if s * total // shape[0] >= min_devices and s * total // shape[0] <= max_devices]
-        shape[0] = draw(st.sampled_from(grow or [min_devices]))
-        total = math.prod(shape)
+    n_axes = len(shape)
     axis_names_ = names[:n_axes]
     if abstract:
         return Mesh.abstract(tuple(shape), axis_names_)
@@ -93,10 +83,31 @@ def meshes(draw, max_devices: int = 8, max_axes: int = 3, *, axis_names: Optiona
     return Mesh(tuple(shape), axis_names_, devices=_order(draw, kind, total))
 
 
+@functools.lru_cache(maxsize=64)
+def mesh_shapes(max_devices: int, max_axes: int, min_devices: int = 2, sizes: Sequence[int] = AXIS_SIZES,
+                big: bool = False) -> list[tuple[int, ...]]:
+    """Every mesh shape of 1..max_axes axes with sizes from ``sizes`` (and 64..512 when ``big``)
+    over min..max devices, simplest first: fewest devices, then fewest axes, then by ``sizes`` order."""
+    pool = list(sizes) + ([s for s in (32, 64, 128, 256, 512) if s not in sizes] if big and max_devices >= 1024 else [])
+    out = [()]
+    found = []
+    for _ in range(max_axes):
+        out = [t + (n,) for t in out for n in pool if math.prod(t + (n,)) <= max_devices]
+        found += [t for t in out if math.prod(t) >= min_devices]
+    rank = {n: i for i, n in enumerate(pool)}
+    found = sorted(set(found), key=lambda t: (math.prod(t), len(t), [rank[n] for n in t]))
+    if not found:
+        raise ValueError(f"gpt.meshes: no mesh shape of {min_devices}..{max_devices} devices over {max_axes} axes")
+    return tuple(found)
+
+
 def _free_axes(draw, mesh: Mesh, sub_axes: bool) -> list[str]:
     free = []
     for a, n in zip(mesh.axis_names, mesh.shape):
-        parts = draw(st.sampled_from(_SPLITS[n])) if sub_axes and n in _SPLITS else [n]
+        # one draw per axis whatever its size, so that shrinking a mesh axis keeps later draws aligned
+        choice = draw(st.integers(0, 3))
+        options = _SPLITS.get(n, [[n]]) if sub_axes else [[n]]
+        parts = options[choice % len(options)]
         pre = 1
         for size in parts:
             free.append(a if len(parts) == 1 else f"{a}:({pre}){size}")
