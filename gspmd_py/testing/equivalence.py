@@ -57,6 +57,10 @@ def _is_spec(x) -> bool:
     return type(x).__name__ in ("P", "PartitionSpec")
 
 
+def _pow2(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
 def _jax_mesh(mesh: Mesh, specs):
     """A jax Mesh for ``mesh``: its own axes, or (when a spec names sub-axes) every axis of size
     2^k split into k axes of size 2 ("y#0", "y#1", major first) so each sub-axis has a name."""
@@ -64,9 +68,11 @@ def _jax_mesh(mesh: Mesh, specs):
         return jax.sharding.Mesh(mesh.jax_devices(), mesh.axis_names), False
     names, sizes = [], []
     for a, n in zip(mesh.axis_names, mesh.shape):
+        if not _pow2(n):  # only power-of-2 axes have sub-axes (gpt.shardings splits those)
+            names.append(a)
+            sizes.append(n)
+            continue
         k = int(n).bit_length() - 1
-        if 1 << k != n:
-            raise ValueError(f"reference='jax.jit' with sub-axes needs power-of-2 mesh axes; {a} has size {n}")
         names += [f"{a}#{i}" for i in range(k)]
         sizes += [2] * k
     return jax.sharding.Mesh(mesh.jax_devices().reshape(sizes), tuple(names)), True
@@ -82,10 +88,13 @@ def _jax_spec(mesh: Mesh, spec, rank: int, bits: bool):
             continue
         names = []
         for a in entry_axes(e):
-            if not bits:
-                names.append(str(a))
-                continue
             r = mesh.ref(a)
+            if not bits or not _pow2(mesh.axis_size(r.name)):
+                if r.size != mesh.axis_size(r.name):
+                    raise ValueError(f"reference='jax.jit': sub-axis {a} of an axis of size "
+                                     f"{mesh.axis_size(r.name)} has no jax name")
+                names.append(r.name)
+                continue
             start = r.pre.bit_length() - 1
             names += [f"{r.name}#{start + i}" for i in range(r.size.bit_length() - 1)]
         out.append(tuple(names) if names else None)
@@ -352,6 +361,12 @@ def assert_spmd_equivalent(fn, *example_args, mesh=None, in_shardings=None, refe
         raise TypeError(f"tol must be 'auto' or a number, got {tol!r}")
     if not isinstance(fn, st.SearchStrategy) and not callable(fn):
         raise TypeError(f"fn must be callable (or a strategy of callables), got {type(fn).__name__}")
+    if not isinstance(fn, st.SearchStrategy):
+        try:
+            jax.eval_shape(fn, *example_args)
+        except Exception as e:  # noqa: BLE001 - said plainly instead of as an unsatisfiable search
+            raise TypeError(f"assert_spmd_equivalent: {getattr(fn, '__name__', fn)} does not run on its example "
+                            f"arguments: {type(e).__name__}: {e}") from e
     modes = ("value",) + (("grad",) if also_grad else ()) + (("vmap",) if also_vmap else ())
     strategy = cases(fn, tuple(example_args), mesh=mesh, in_shardings=in_shardings, vary_shapes=vary_shapes,
                      value_modes=value_modes)

@@ -262,8 +262,9 @@ def _factorizations(n):
 
 
 @st.composite
-def programs(draw, mesh_strategy=None, dtypes: Sequence[str] = FUZZ_DTYPES):
-    """Random small programs (module doc) on meshes from ``mesh_strategy`` (default gpt.meshes())."""
+def programs(draw, mesh_strategy=None, dtypes: Sequence[str] = FUZZ_DTYPES, values: Sequence[str] = VALUE_MODES):
+    """Random small programs (module doc) on meshes from ``mesh_strategy`` (default gpt.meshes()),
+    in ``dtypes``, with inputs' values of the modes ``values`` (of "plain", "special", "near_max")."""
     mesh = draw(mesh_strategy if mesh_strategy is not None else meshes())
     dtype = draw(st.sampled_from(tuple(dtypes)))
     fam = family(dtype)
@@ -274,7 +275,7 @@ def programs(draw, mesh_strategy=None, dtypes: Sequence[str] = FUZZ_DTYPES):
     for _ in range(n_in):
         shape = tuple(draw(st.lists(st.sampled_from(DIMS), min_size=1, max_size=3)))
         spec = draw(st.one_of(st.none(), shardings(shape, mesh)))
-        mode = draw(st.sampled_from(VALUE_MODES if fam != "bool" else ("plain",)))
+        mode = draw(st.sampled_from(tuple(values) if fam != "bool" else ("plain",)))
         inputs.append((shape, spec, mode))
         shapes.append(shape)
         huge.append(mode == "near_max" and fam == "float")

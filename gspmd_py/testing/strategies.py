@@ -184,14 +184,16 @@ def shapes_like(draw, args, *, sizes: Sequence[int] = DIM_SIZES, vary: Any = Tru
     ShapeDtypeStructs) and new sizes: 0, 1, primes, sizes that do not divide the mesh.
 
     Dims that have the same size in ``args`` get the same new size (so ``x @ w`` keeps its
-    contraction dims equal); dims of size 1 stay 1 (they may be broadcasting). ``vary``: True,
+    contraction dims equal); dims of size 1 stay 1 (they may be broadcasting), and so do sizes
+    that an argument whose shape is kept (``vary``) also has. ``vary``: True,
     False, or the indices of the top-level arguments whose shapes are drawn (the others keep theirs).
     Shrinks towards the smallest sizes.
     """
     leaves, tree = jax.tree_util.tree_flatten(args)
     structs = [_leaf_struct(a) for a in leaves]
     varying = _varying_leaves(args, vary)
-    symbols = sorted({n for s, v in zip(structs, varying) if v for n in s.shape if n != 1})
+    fixed = {n for s, v in zip(structs, varying) if not v for n in s.shape}  # sizes a fixed argument ties
+    symbols = sorted({n for s, v in zip(structs, varying) if v for n in s.shape if n != 1} - fixed)
     pool = [s for s in sizes if s >= min_size]
     new = {}
     for n in symbols:
