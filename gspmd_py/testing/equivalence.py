@@ -188,6 +188,10 @@ def compare_trees(got, want, closed_jaxpr, args, tol: Any = "auto", intermediate
     return problems
 
 
+def fn_name(fn) -> str:
+    return getattr(fn, "gpt_name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
 # -- one drawn example -------------------------------------------------------------------------
 
 @attrs.frozen(repr=False)
@@ -203,7 +207,7 @@ class Case:
         shapes = ", ".join(f"{dtypes.short_name(np.asarray(a).dtype)}{list(np.shape(a))}"
                            for a in jax.tree_util.tree_leaves(self.args))
         ids = self.mesh.device_ids.reshape(-1).tolist()
-        return (f"Case({getattr(self.fn, '__name__', 'fn')} on {self.mesh} devices {ids}, args [{shapes}], "
+        return (f"Case({fn_name(self.fn)} on {self.mesh} devices {ids}, args [{shapes}], "
                 f"in_shardings {self.in_shardings!r})")
 
 
@@ -331,7 +335,7 @@ def _message(case: Case, mode: str, ref_name: str, reference, problems, f, tol) 
         n_ops, jtext = -1, None
     first = next((int(p.split()[1]) for p in problems if p.startswith("output ")), None)
     ids = case.mesh.device_ids.reshape(-1).tolist()
-    summary = (f"gp.spmd({getattr(case.fn, '__name__', 'fn')}) differs from {ref_name}"
+    summary = (f"gp.spmd({fn_name(case.fn)}) differs from {ref_name}"
                + (f" under {mode}" if mode != "value" else "")
                + f" on {case.mesh} (devices {ids}), {n_ops} op(s)")
     lines = [summary + ":", f"  in_shardings: {case.in_shardings!r}",

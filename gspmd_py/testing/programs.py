@@ -109,7 +109,8 @@ class Program:
     dtype: str = "float32"
 
     @property
-    def __name__(self) -> str:
+    def gpt_name(self) -> str:
+        """The name gp.testing's messages give it."""
         return f"program_of_{len(self.ops)}_ops"
 
     def __call__(self, *args):
