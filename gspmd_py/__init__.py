@@ -25,6 +25,17 @@ from .search.auto import AutoResult, auto_shard
 from .search.optimizer import MemoryLimitError
 from .frontend.tactics import TacticError
 
+
+
+def __getattr__(name: str):
+    """``gp.testing`` is imported on first use (it imports hypothesis; ``import gspmd_py`` does not)."""
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module 'gspmd_py' has no attribute {name!r}")
+
+
 __all__ = [
     "AnnotationError", "ArgumentError", "AutoResult", "AxisRef", "DeletedArrayError", "Collective", "Cost", "Hardware",
     "Link", "MemoryLimitError", "Plan", "ProgramMismatchError", "Rules", "Schedule", "TacticError", "auto_shard",
