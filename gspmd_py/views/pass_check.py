@@ -122,9 +122,9 @@ def _every_value_sharded(pass_name: str, graph, dims_of) -> None:
         try:
             dims = dims_of(v)
         except KeyError:
-            raise PassInvariantError(f"{pass_name}: value %{v.id} {v.type_str} has no sharding") from None
+            raise PassInvariantError(f"{pass_name}: value {v!r} has no sharding") from None
         if len(dims) != v.rank:
-            raise PassInvariantError(f"{pass_name}: value %{v.id} {v.type_str} has a sharding of rank {len(dims)}")
+            raise PassInvariantError(f"{pass_name}: value {v!r} has a sharding of rank {len(dims)}")
 
 
 def _partials_reduced(part, graph) -> None:
