@@ -1,7 +1,7 @@
 """A gp.spmd function is a JAX function: jax.jit, grad, value_and_grad, vjp, jvp, vmap, lax.scan,
 jax.checkpoint and gp.spmd itself compose with it and give the plain function's results.
 
-Under a transformation the function binds ``spmd_call`` (gspmd_py/primitive.py); JAX
+Under a transformation the function binds ``spmd_call`` (gspmd_py/frontend/primitive.py); JAX
 transforms the user's jaxpr and gspmd_py partitions each derived program.
 """
 from __future__ import annotations

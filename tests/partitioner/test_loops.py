@@ -311,7 +311,7 @@ def test_pipeline_shift_is_one_collective_permute_per_iteration(pipe_mesh):
 
 @pytest.mark.parametrize("shift", ["roll", "slice+concatenate", "pad+slice"])
 def test_pipeline_other_shift_forms_one_collective_permute(pipe_mesh, shift):
-    """The other forms fold into one op before propagation (gspmd_py/shifts.py): a rotate, or
+    """The other forms fold into one op before propagation (gspmd_py/frontend/shifts.py): a rotate, or
     one pad with negative padding."""
     _one_permute_per_iteration(pipe_mesh, shift)
 

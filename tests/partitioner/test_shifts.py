@@ -1,5 +1,5 @@
 """Shifts and rotations written as slices + concatenate or pad + slice fold into one op
-(gspmd_py/shifts.py) and partition as collective-permutes of whole blocks; equal to the
+(gspmd_py/frontend/shifts.py) and partition as collective-permutes of whole blocks; equal to the
 plain function over meshes, uneven dims, every shift, dtypes."""
 from __future__ import annotations
 
