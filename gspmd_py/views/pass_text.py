@@ -34,7 +34,7 @@ def _plain(v: Any) -> bool:
 
 def _params(op: Op) -> str:
     shown = [f"{k}={tuple(v) if isinstance(v, list) else v}" for k, v in sorted(op.params.items())
-             if _plain(v) and k not in ("name_stack",)]
+             if _plain(v) and not k.startswith("_")]  # private parameters differ between JAX versions
     return "[" + " ".join(shown) + "]" if shown else ""
 
 
