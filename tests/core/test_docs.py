@@ -46,6 +46,7 @@ def test_the_pages_are_found_and_norun_is_honoured():
 RUNNABLE = [p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *PAGES] if python_blocks(p.read_text())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_the_code_blocks_of_a_page_run(page, capsys):
     """README.md's and each docs page's python blocks, in order, in one namespace."""
