@@ -405,6 +405,7 @@ def test_no_partitioned_form_falls_back_loudly():
         assert "REPLICATED FALLBACK" in f.plan(spd).report() and prim in f.plan(spd).report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.bfloat16], ids=["bfloat16"])
 def test_low_precision_training_step(dtype):
     """The scanned transformer of test_programs.py in bfloat16 (its Adam step; float16 gives
