@@ -1,24 +1,41 @@
 """The compiler: a closed jaxpr and a mesh in, a Plan out, by named passes over plain data.
 
-    PASSES = ("trace", "seed", "propagate", "partition", "combine", "index")
+    PASSES = ("trace", "fold_shifts", "seed", "apply_tactics", "propagate", "partition",
+              "index", "combine", "reindex", "choose_matmul")
 
-* ``trace``: the user's jaxpr -> ``ir.Graph`` (shifts folded, dead code removed), each
-  output a value of its own (its port, below).
-* ``seed``: annotations, in/out shardings and tactics -> ``Seed`` s (``Seeded``).
+``plan_jaxpr`` runs exactly these, in this order (``partition`` to ``reindex`` run twice
+where ``choose_matmul`` compares two plans); each is the function of that name here:
+
+* ``trace``: the user's jaxpr -> ``ir.Graph`` (dead code removed), each output a value of
+  its own (its port, below).
+* ``fold_shifts``: shifts and rotations written the long way folded into one op
+  (frontend/shifts.py), dead code removed again.
+* ``seed``: annotations and in/out shardings -> ``Seed`` s (``Seeded``).
+* ``apply_tactics``: the gp.tactics entries (the sharding search among them) add their
+  decisions as seeds (``Seeded.tactics``: what each decided); nothing without tactics.
 * ``propagate``: graph + seeds -> ``Propagation`` (a sharding per value, a projection per op).
 * ``partition``: graph + propagation -> the per-device program and its diagnostics
   (``Partitioned``: notes, fallbacks, host calls, the collectives shaped for a hardware).
-* ``combine``: the per-device program with independent collectives merged; it reads the
-  program through its index (the ``index`` pass run on the partitioned program).
 * ``index``: the program read (``ProgramIndex``): per equation its op, its loops' trip
   counts, its collectives (the ``Collective`` records) and its dependencies; the one reader
   of the program: the combiner, the records, the cost model and the memory walk read it.
-  The combined program is indexed again only where the combiner changed it.
+* ``combine``: the per-device program with independent collectives merged; it reads the
+  program through its index.
+* ``reindex``: the combined program's index (the ``index`` pass again, only where the
+  combiner changed the program): the plan's collective records.
+* ``choose_matmul``: where the hardware may use collective matmuls (partitioner/shaping.py),
+  the plan without them is built too (partition to reindex again) and the faster one kept,
+  by the hardware's overlapped schedule of the whole program; any other plan as it is.
 
-Each pass is a function that can be run on its own (tests, the search); ``plan_jaxpr`` runs
-them in order and wraps the result in a ``Plan``::
+Between the passes, ``views/pass_check.PassRun`` dumps each pass's output as text with
+``GSPMD_PY_DUMP=dir`` (pass_text.py: the graph with shardings, the per-device program, the
+collectives) and verifies the invariants the next pass relies on with ``GSPMD_PY_VERIFY=1``
+(every value has a sharding, every partial is reduced once, the program's collectives equal
+the records; the tests turn it on).
 
-    g = trace(closed, mesh)
+Each pass is a function that can be run on its own (tests, the search)::
+
+    g = fold_shifts(trace(closed, mesh))
     s = seed(g, mesh, in_dims=[dims_x, None], out_dims=[dims_out])
     prop = propagate(s.graph, mesh, s.seeds)
     part = partition(s.graph, mesh, prop)
@@ -37,7 +54,8 @@ value it returns (an input returned as is, one value returned twice under two
 out_shardings, a constant returned, a partial sum returned sharded: reduced once, at its
 port). ``seed`` reads the graph and never changes it:
 in_dims seed the inputs, every specified annotate op its result, out_dims the ports, then
-the tactics add theirs; all at the user's priority 0, as gp.annotate's default.
+then the tactics (``apply_tactics``) add theirs; all at the user's priority 0, as
+gp.annotate's default.
 """
 from __future__ import annotations
 
@@ -49,14 +67,17 @@ import attrs
 import jax
 from jax.extend.core import ClosedJaxpr
 
+from .frontend import shifts
 from .frontend.constraints import outside_user_mesh
 from .errors import AnnotationError
-from .ir import Graph, Value
+from .ir import Graph, Value, eliminate_dead_code
 from .runtime.layout import layout_notes, own_mesh
 from .mesh import Mesh
 from .partitioner import combine as combiner
 from .partitioner.fine_mesh import FineMesh
-from .partitioner.passes import Partitioned, index_program, partition_graph, reindex
+from .partitioner.passes import Partitioned, index_program, partition_graph
+from .partitioner.passes import reindex as reindex_program
+from .views.pass_check import PassRun
 from .partitioner.program import warn_fallbacks
 from .partitioner.program_index import ProgramIndex
 from .partitioner.shaping import Shaping
@@ -68,7 +89,8 @@ from .frontend.trace import trace_jaxpr
 Dims = tuple  # per tensor dim: a tuple of AxisRefs
 
 #: the passes, in the order ``plan_jaxpr`` runs them; each is the function of that name here
-PASSES: tuple[str, ...] = ("trace", "seed", "propagate", "partition", "combine", "index")
+PASSES: tuple[str, ...] = ("trace", "fold_shifts", "seed", "apply_tactics", "propagate", "partition", "index",
+                           "combine", "reindex", "choose_matmul")
 DEFAULT_THRESHOLD_BYTES = combiner.DEFAULT_THRESHOLD_BYTES
 
 
@@ -84,40 +106,60 @@ class Seeded:
 
 # -- the passes ---------------------------------------------------------------------------
 def trace(closed: ClosedJaxpr, mesh: Optional[Mesh] = None, in_names: Optional[Sequence[str]] = None) -> Graph:
-    """Pass 1: the IR of ``closed`` (shifts folded, dead code removed), inputs named
-    ``in_names`` (default ``arg0``, ``arg1``...), each output its own port (an unspecified
-    annotate op of the value it returns)."""
-    graph = trace_jaxpr(closed, mesh, output_ports=True)
+    """Pass 1: the IR of ``closed`` (dead code removed; shifts are left for ``fold_shifts``),
+    inputs named ``in_names`` (default ``arg0``, ``arg1``...), each output its own port (an
+    unspecified annotate op of the value it returns)."""
+    graph = trace_jaxpr(closed, mesh, output_ports=True, fold_shifts=False)
     in_names = in_names or [f"arg{i}" for i in range(len(graph.inputs))]
     for v, nm in zip(graph.inputs, in_names):
         v.name = v.name or nm
     return graph
 
 
+def fold_shifts(graph: Graph) -> Graph:
+    """Pass 2: ``graph`` with shifts and rotations written the long way (jnp.roll, a pad
+    then a slice...) folded into one op each (frontend/shifts.py), dead code removed."""
+    return eliminate_dead_code(shifts.fold(graph))
+
+
 def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]] = None,
          in_labels: Optional[Sequence[str]] = None, out_dims: Optional[Sequence[Optional[Dims]]] = None,
          out_labels: Optional[Sequence[str]] = None, tactics: Sequence = (), leaves=None, args_tree=None,
          donate_argnums: Sequence[int] = ()) -> Seeded:
-    """Pass 2: the seeds of ``graph``, in this order: ``in_dims`` on the inputs (in_shardings,
+    """Pass 3: the seeds of ``graph``, in this order: ``in_dims`` on the inputs (in_shardings,
     or the layouts inputs arrive in; ``in_labels`` say which, for ``plan.explain``), every
     specified ``gp.annotate`` op on its result, ``out_dims`` on the outputs (the ports
     ``trace`` made; ``out_labels``, default "out_shardings of output i"), then the decisions
-    of ``tactics``. A None entry of ``in_dims`` / ``out_dims`` leaves that value open, a None
-    per dim leaves that dim open. ``graph`` is read, never changed."""
+    of ``tactics`` (the ``apply_tactics`` pass, run here when given). A None entry of
+    ``in_dims`` / ``out_dims`` leaves that value open, a None per dim leaves that dim open.
+    ``graph`` is read, never changed."""
     in_names = [v.name or f"arg{i}" for i, v in enumerate(graph.inputs)]
     seeds = _boundary_seeds(graph.inputs, in_dims, in_labels or [f"in_shardings of {nm}" for nm in in_names])
     seeds += annotation_seeds(graph, mesh)
     seeds += _boundary_seeds(graph.outputs, out_dims,
                              out_labels or [f"out_shardings of output {i}" for i in range(len(graph.outputs))])
-    log: tuple = ()
-    if tactics:  # gspmd_py/tactics.py: each adds decisions over its axes; they become seeds
-        from .search.context import Leaf, TacticContext
-        from .frontend.tactics import apply_tactics
+    seeded = Seeded(graph, tuple(seeds))
+    if tactics:
+        seeded = apply_tactics(seeded, mesh, tactics, leaves=leaves, args_tree=args_tree, donate_argnums=donate_argnums)
+    return seeded
 
-        leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
-        ctx = apply_tactics(tactics, TacticContext(graph, mesh, leaves, seeds, args_tree, tuple(donate_argnums)))
-        seeds, log = ctx.seeds(), tuple(ctx.log)
-    return Seeded(graph, tuple(seeds), log)
+
+def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=None, args_tree=None,
+                  donate_argnums: Sequence[int] = ()) -> Seeded:
+    """Pass 4: ``seeded`` with the decisions of ``tactics`` (gp.tactics entries: batch, rules,
+    zero, auto: the sharding search) added as seeds, each tactic over its axes, in order;
+    ``Seeded.tactics`` records what each decided. No tactics: ``seeded`` itself."""
+    if not tactics:
+        return seeded
+    from .search.context import Leaf, TacticContext
+    from .frontend.tactics import apply_tactics as run_tactics
+
+    graph = seeded.graph
+    in_names = [v.name or f"arg{i}" for i, v in enumerate(graph.inputs)]
+    leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
+    ctx = run_tactics(tactics, TacticContext(graph, mesh, leaves, list(seeded.seeds), args_tree,
+                                             tuple(donate_argnums)))
+    return Seeded(graph, tuple(ctx.seeds()), seeded.tactics + tuple(ctx.log))
 
 
 def _boundary_seeds(values: Sequence[Value], dims: Optional[Sequence[Optional[Dims]]],
@@ -141,30 +183,37 @@ def annotation_seeds(graph: Graph, mesh: Mesh) -> list[Seed]:
 
 
 def propagate(graph: Graph, mesh: Mesh, seeds: Sequence[Seed]) -> Propagation:
-    """Pass 3: a sharding for every value of ``graph`` and a projection for every op."""
+    """Pass 5: a sharding for every value of ``graph`` and a projection for every op."""
     return Propagation(graph, mesh, seeds).run()
 
 
 def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Shaping(), *,
               name: str = "f") -> Partitioned:
-    """Pass 4: the per-device program that computes ``graph`` under ``prop``'s shardings,
+    """Pass 6: the per-device program that computes ``graph`` under ``prop``'s shardings,
     traced once (``jax.make_jaxpr`` over the fine mesh's axes), and its diagnostics
     (partitioner/passes.py; the search's pricer runs the same)."""
     check_tag_names(graph, name)
     return partition_graph(graph, mesh, prop, shaping)
 
 
+def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
+    """Pass 7: the program index (partitioner/program_index.py): per equation of ``program``
+    (loop and branch bodies included) the op of ``graph`` that caused it, its loops' trip
+    counts and its collectives; ``.collectives``: every collective, in program order."""
+    return index_program(program, fine, graph)
+
+
 def combine(idx: ProgramIndex, threshold_bytes: int, fine: FineMesh) -> ClosedJaxpr:
-    """Pass 5: the program ``idx`` indexes with independent collectives merged
+    """Pass 8: the program ``idx`` indexes with independent collectives merged
     (partitioner/combine.py); it reads the program through ``idx`` only."""
     return combiner.combine(idx, threshold_bytes, list(zip(fine.names, fine.sizes)))
 
 
-def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
-    """Pass 6: the program index (partitioner/program_index.py): per equation of ``program``
-    (loop and branch bodies included) the op of ``graph`` that caused it, its loops' trip
-    counts and its collectives; ``.collectives``: every collective, in program order."""
-    return index_program(program, fine, graph)
+def reindex(idx: ProgramIndex, program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
+    """Pass 9: the index of ``program``, what ``combine`` made of the program ``idx``
+    indexes: ``idx`` itself when the combiner left the program as it was, else ``index``
+    run again on it. Its ``.collectives`` are the plan's collective records."""
+    return reindex_program(idx, program, fine, graph)
 
 
 # -- all of them --------------------------------------------------------------------------
@@ -177,31 +226,36 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     that seed it). ``shaping``: collectives shaped for a hardware (partitioner/shaping.py);
     where it may use collective matmuls, the plan without them is built too and the faster
     one kept (the hardware's overlapped schedule of the whole program decides)."""
-    graph = trace(closed, mesh, in_names)
+    run = PassRun.from_env(name, mesh)  # dumps and verifies each pass's output (views/pass_check.py)
+    graph = run("trace", trace(closed, mesh, in_names))
+    graph = run("fold_shifts", fold_shifts(graph))
     in_names = [v.name for v in graph.inputs]
-    seeded = seed(graph, mesh, in_dims=in_dims, in_labels=in_labels, out_dims=out_dims, out_labels=out_labels,
-                  tactics=tactics, leaves=leaves, args_tree=args_tree, donate_argnums=donate_argnums)
-    prop = propagate(seeded.graph, mesh, seeded.seeds)
+    seeded = run("seed", seed(graph, mesh, in_dims=in_dims, in_labels=in_labels, out_dims=out_dims,
+                              out_labels=out_labels))
+    seeded = run("apply_tactics", apply_tactics(seeded, mesh, tactics, leaves=leaves, args_tree=args_tree,
+                                                donate_argnums=donate_argnums))
     if in_tree is None:
         in_tree = jax.tree_util.tree_structure([0] * len(graph.inputs))
     if out_tree is None:
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     threshold = DEFAULT_THRESHOLD_BYTES if combine_threshold_bytes is None else combine_threshold_bytes
+    g = seeded.graph
+    prop = run("propagate", propagate(g, mesh, seeded.seeds), graph=g)
 
     def build(shaping: Shaping) -> Plan:
-        part = partition(seeded.graph, mesh, prop, shaping, name=name)
-        raw = index(part.program, part.fine, seeded.graph)
-        program = combine(raw, threshold, part.fine)
-        plan = Plan(name, mesh, seeded.graph, prop, part.fine, part.shaping, part.diagnostics, program,
-                    reindex(raw, program, part.fine, seeded.graph), part.in_dims, part.out_dims, part.op_plans,
-                    part.shardings, in_tree, out_tree, in_names, donate_argnums=tuple(donate_argnums),
-                    combine_threshold_bytes=threshold, tactics=seeded.tactics)
+        part = run("partition", partition(g, mesh, prop, shaping, name=name), graph=g)
+        raw = run("index", index(part.program, part.fine, g), graph=g)
+        program = run("combine", combine(raw, threshold, part.fine))
+        idx = run("reindex", reindex(raw, program, part.fine, g), graph=g, raw=raw,
+                  fresh=lambda p: index(p, part.fine, g))
+        plan = Plan(name, mesh, g, prop, part.fine, part.shaping, part.diagnostics, program, idx, part.in_dims,
+                    part.out_dims, part.op_plans, part.shardings, in_tree, out_tree, in_names,
+                    donate_argnums=tuple(donate_argnums), combine_threshold_bytes=threshold, tactics=seeded.tactics)
         return plan.with_notes(*layout_notes(plan))  # what the boundary does to layouts the user's mesh cannot say
 
     with outside_user_mesh(), own_mesh(), gc_paused():
-        plan = build(shaping)
-        if shaping.decides_matmul and any(s.kind == "matmul" for s in plan.diagnostics.shaped):
-            plan = _cheaper_without_matmul(plan, build)
+        plan = run("choose_matmul", choose_matmul(build(shaping), build))
+    run.finish(plan)
     warn_fallbacks(plan.diagnostics)
     return plan
 
@@ -229,9 +283,13 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _cheaper_without_matmul(plan: Plan, build) -> Plan:
-    """The plan with its collective matmuls, or the one without them where the hardware's
-    overlapped schedule of the whole program says that is faster (partitioner/shaping.py)."""
+def choose_matmul(plan: Plan, build) -> Plan:
+    """Pass 10: ``plan`` as it is, unless its shaping may decide on collective matmuls and
+    it used some: then ``build`` (partition to reindex) makes the plan without them and the
+    one the hardware's overlapped schedule of the whole program says is faster is kept,
+    with a note saying why (partitioner/shaping.py)."""
+    if not (plan.shaping.decides_matmul and any(s.kind == "matmul" for s in plan.diagnostics.shaped)):
+        return plan
     hw = plan.shaping.hardware
     alt = build(attrs.evolve(plan.shaping, matmul=False))
     t, t_alt = plan.cost(hw, overlap=True).step_s, alt.cost(hw, overlap=True).step_s

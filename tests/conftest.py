@@ -1,4 +1,5 @@
-"""Test setup: 8 CPU devices (set before jax is imported) and hypothesis profiles.
+"""Test setup: 8 CPU devices (set before jax is imported), the compiler's verifier between
+passes (``GSPMD_PY_VERIFY=1``) and hypothesis profiles.
 
 Profiles: "ci" (default, keeps CI fast), "fuzz" (2,000 examples per property, or N with
 ``GSPMD_PY_FUZZ=N`` for N > 1). Select with ``GSPMD_PY_FUZZ=1`` or ``--hypothesis-profile=fuzz``.
@@ -7,6 +8,8 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the compiler checks its invariants between passes (gspmd_py/views/pass_check.py)
+os.environ.setdefault("GSPMD_PY_VERIFY", "1")
 
 import jax  # noqa: E402
 

@@ -138,7 +138,7 @@ class Spmd:
 
     def from_local(self, *local_args, global_shapes=None):
         """Call with each process's own block of every argument (multi-process runs; see
-        ``gspmd_py/global_inputs.py``): an argument split across processes by its in_sharding
+        ``gspmd_py/runtime/global_inputs.py``): an argument split across processes by its in_sharding
         is passed as the part this process's devices hold (``gp.distributed.local_slices``),
         any other argument whole.
         ``global_shapes`` (a shape or None per leaf) gives the global shapes that equal blocks
@@ -246,7 +246,7 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
     ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
     ``combine_threshold_bytes``: independent collectives of one kind over the same axes are
     issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
-    ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/tactics.py),
+    ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/frontend/tactics.py),
     each deciding the shardings over the mesh axes it names.
     ``hardware`` (a gp.Hardware): collectives shaped for it: a reduction over devices that
     span link levels becomes the cheapest reduce-scatter / all-reduce / all-gather program

@@ -231,11 +231,12 @@ class _Builder:
         return b
 
 
-def trace_jaxpr(closed, mesh=None, *, output_ports: bool = False) -> Graph:
+def trace_jaxpr(closed, mesh=None, *, output_ports: bool = False, fold_shifts: bool = True) -> Graph:
     """The IR of a closed jaxpr (``mesh``: the gp.spmd function's, checked against nested calls),
-    dead code removed; ``output_ports``: each output a value of its own (see the module doc)."""
+    dead code removed; ``output_ports``: each output a value of its own (see the module doc);
+    ``fold_shifts``: shifts folded (shifts.py; the compiler runs that as a pass of its own)."""
     graph = _Builder(IdGen(), mesh).convert(*_open(closed), ports=output_ports)
-    return eliminate_dead_code(shifts.fold(graph))
+    return eliminate_dead_code(shifts.fold(graph) if fold_shifts else graph)
 
 
 def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Graph:

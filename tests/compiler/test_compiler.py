@@ -1,4 +1,4 @@
-"""The compiler's passes (gspmd_py/compiler.py), each run on its own: trace, seed, propagate,
+"""The compiler's passes (gspmd_py/compiler.py), each run on its own: trace, fold_shifts, seed,
 partition, combine, index; and plan_jaxpr, which runs them in order."""
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def named(graph, name):
 
 
 def test_passes_are_named_in_order_and_each_is_a_function():
-    assert compiler.PASSES == ("trace", "seed", "propagate", "partition", "combine", "index")
+    assert compiler.PASSES == ("trace", "fold_shifts", "seed", "apply_tactics", "propagate", "partition", "index",
+                               "combine", "reindex", "choose_matmul")
     for name in compiler.PASSES:
         assert inspect.isfunction(getattr(compiler, name)), name
 

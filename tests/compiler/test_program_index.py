@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+import pytest
 
 import gspmd_py as gp
 from gspmd_py import compiler
@@ -198,6 +199,7 @@ def test_the_combiner_reads_the_index_it_is_given():
     assert compiler.combine(ProgramIndex.build(looped, FINE, label), compiler.DEFAULT_THRESHOLD_BYTES, FINE) is looped
 
 
+@pytest.mark.slow
 def test_only_the_index_walks_the_equations_of_a_program():
     """No module but program_index.py enumerates a jaxpr's equations (``.eqns``); the
     others read the index. frontend/trace.py reads the user's jaxpr (into the IR), runtime/executable.py one

@@ -286,6 +286,7 @@ def test_identities_under_jit(mesh, x):
     np.testing.assert_allclose(jax.jit(f)(x), ref(x), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_identities_under_grad(mesh, x):
     f, ref = _f(mesh)
     g = jax.grad(lambda a: jnp.sum(f(a) ** 2))(x)
@@ -295,6 +296,7 @@ def test_identities_under_grad(mesh, x):
     np.testing.assert_allclose(gj, g_ref, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_identities_under_vmap(mesh):
     f, ref = _f(mesh)
     xs = jnp.arange(3 * 32.0).reshape(3, 4, 8) / 10.0

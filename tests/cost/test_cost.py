@@ -245,6 +245,7 @@ def test_doctests():
         assert res.failed == 0, mod.__name__
 
 
+@pytest.mark.slow
 def test_calibrate_smoke():
     hw = gp.Hardware.calibrate(gp.Mesh((2, 4), ("x", "y")), sizes=(2 ** 12, 2 ** 16), reps=1)
     assert hw.peak("float32") > 0 and hw.mem_bandwidth > 0 and hw.vector_flops > 0

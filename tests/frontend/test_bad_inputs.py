@@ -312,6 +312,7 @@ def _run_script(tmp_path, text: str, *launcher: str):
     return done, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, error", [
     (_DONATED_AGAIN, "gspmd_py.errors.DeletedArrayError: <lambda>: argument arg0 float32[8, 8] has been deleted"),
     (_FAILING_CALLBACK, "KeyError: 'no such row'"),
@@ -325,6 +326,7 @@ def test_crashes_and_hangs_end_as_python_exceptions(tmp_path, text, error):
     assert "Exception ignored" not in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_launched_script_without_initialize_fails_saying_so(tmp_path):
     done, elapsed = _run_script(tmp_path, _LAUNCHED_WITHOUT_INITIALIZE, "-m", "gspmd_py.launch", "-n", "2",
                                 "--devices-per-process", "4", "--timeout", "50")

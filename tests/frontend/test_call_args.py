@@ -21,6 +21,7 @@ def mesh():
     return mesh_of(1)
 
 
+@pytest.mark.slow
 def test_static_and_keyword_arguments(mesh):
     def fn(x, n, *, act="tanh", scale=1.0):
         return getattr(jnp, act)(x[:n]) * scale + jnp.ones((n, x.shape[1]))  # n is used as a shape

@@ -156,6 +156,7 @@ def test_named_sharding_device_order_not_expressible_is_refused(mesh):
         gp.Sharding(mesh, jax.sharding.NamedSharding(other, jax.sharding.PartitionSpec("x")))
 
 
+@pytest.mark.slow
 def test_equinox_module_with_module_shaped_specs(mesh):
     eqx = pytest.importorskip("equinox")
 
@@ -186,6 +187,7 @@ def test_equinox_module_with_module_shaped_specs(mesh):
         gp.spmd(lambda m, x: m(x), mesh).plan(mlp, f32(4))
 
 
+@pytest.mark.slow
 def test_nnx_state_as_argument_and_spec_tree(mesh):
     nnx = pytest.importorskip("flax.nnx")
 

@@ -114,6 +114,7 @@ def test_same_rules_object_checked_over_all_its_uses(mesh):
     assert p.sharding_of("arg0['kernel']").shardy() == "[{}, {y}]"
 
 
+@pytest.mark.slow
 def test_flax_linen_params_by_rules_and_by_logical_metadata(mesh):
     nn = pytest.importorskip("flax.linen")
 
@@ -155,6 +156,7 @@ def test_flax_linen_params_by_rules_and_by_logical_metadata(mesh):
         gp.spmd(model.apply, mesh, in_shardings=(logical, None)).plan(params, x)
 
 
+@pytest.mark.slow
 def test_nnx_logical_metadata(mesh):
     nnx = pytest.importorskip("flax.nnx")
     nn = pytest.importorskip("flax.linen")

@@ -114,6 +114,7 @@ def test_constraint_over_permuted_devices(mesh):
         gp.spmd(fn2, mesh).plan(S((8, 8), jnp.float32))
 
 
+@pytest.mark.slow
 def test_constraint_in_grad_and_scan(mesh, jmesh):
     ns = NamedSharding(jmesh, PS("x", "y"))
 
@@ -128,6 +129,7 @@ def test_constraint_in_grad_and_scan(mesh, jmesh):
     np.testing.assert_allclose(np.asarray(f(w, x)), g(w, x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_flax_logical_constraints(mesh, jmesh):
     nn = pytest.importorskip("flax.linen")
 

@@ -1,7 +1,7 @@
 """A gp.spmd function is a JAX function: jax.jit, grad, value_and_grad, vjp, jvp, vmap, lax.scan,
 jax.checkpoint and gp.spmd itself compose with it and give the plain function's results.
 
-Under a transformation the function binds ``spmd_call`` (gspmd_py/primitive.py); JAX
+Under a transformation the function binds ``spmd_call`` (gspmd_py/frontend/primitive.py); JAX
 transforms the user's jaxpr and gspmd_py partitions each derived program.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ def setup():
     return mesh, f, args
 
 
+@pytest.mark.slow
 def test_jit(setup):
     mesh, f, args = setup
     out = jax.jit(f)(*args)
@@ -53,6 +54,7 @@ def test_jit(setup):
     assert [e.primitive for e in inner.eqns] == [spmd_call_p]
 
 
+@pytest.mark.slow
 def test_grad_value_and_grad_vjp_jvp(setup):
     mesh, f, args = setup
     assert_same(jax.grad(loss_of(f), argnums=(0, 1, 2))(*args), jax.grad(loss_of(mlp), argnums=(0, 1, 2))(*args),
@@ -71,6 +73,7 @@ def test_grad_value_and_grad_vjp_jvp(setup):
                 **TOL)
 
 
+@pytest.mark.slow
 def test_vmap_and_scan(setup):
     mesh, f, args = setup
     x, w1, w2 = args
@@ -90,6 +93,7 @@ def test_vmap_and_scan(setup):
                 jax.grad(lambda *a: scanned(mlp)(*a)[0], argnums=(1, 2))(xs, w1, w2), **TOL)
 
 
+@pytest.mark.slow
 def test_vmap_spmd_axis_name_shards_the_batch_dim():
     """jax.vmap(..., spmd_axis_name="x") shards the new batch dim over x, as it does for
     jax.jit's sharding constraints; without it the batch dim is left to propagation."""
@@ -107,6 +111,7 @@ def test_vmap_spmd_axis_name_shards_the_batch_dim():
     assert jax.vmap(f, in_axes=(0, None))(xs, w).sharding.spec[0] is None
 
 
+@pytest.mark.slow
 def test_second_order_and_checkpoint(setup):
     mesh, f, args = setup
     x, w1, w2 = args
@@ -115,6 +120,7 @@ def test_second_order_and_checkpoint(setup):
     assert_same(jax.grad(jax.checkpoint(loss_of(f)), argnums=1)(*args), jax.grad(loss_of(mlp), argnums=1)(*args), **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "scan", "nested"])
 @examples(2)
 @given(st.data())
@@ -151,6 +157,7 @@ def test_transformations_match_plain_function(kind, data):
     assert_same(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_jit_of_training_step():
     mesh = mesh_of(1)
 
@@ -235,6 +242,7 @@ def _counts(hlo: str) -> tuple[int, int]:
     return len(re.findall(r"\bdot\(", hlo)), len(re.findall(r"\btanh\(", hlo))
 
 
+@pytest.mark.slow
 def test_remat_recomputation_survives():
     """jax.checkpoint's recomputation stays in the compiled program, as under jax.jit."""
     mesh = mesh_of(1)

@@ -50,6 +50,7 @@ BLOCK_IN = (P("x", None, None), P(None, "y", None), P(None, "y", None), P(None, 
             P(None, "y"), P("y", None), None, None)
 
 
+@pytest.mark.slow
 def test_transformer_block_forward_two_all_reduces(block_args):
     mesh = gp.Mesh((2, 4), ("x", "y"))
     f = gp.spmd(transformer_block, mesh, in_shardings=BLOCK_IN)
@@ -57,6 +58,7 @@ def test_transformer_block_forward_two_all_reduces(block_args):
     close(f(*block_args), transformer_block(*block_args))
 
 
+@pytest.mark.slow
 def test_transformer_block_gradient_issues_no_more_collectives_than_xla(block_args):
     """Separate Wq, Wk, Wv, batch over x and Megatron over y. Tensor parallel: the attention
     output's forward all-reduce, and in the backward pass one all-reduce for the MLP input
@@ -101,6 +103,7 @@ def xla_collectives(hlo: str) -> list[tuple[str, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_megatron_mlp_backward_one_all_reduce_for_the_input_gradient():
     mesh = gp.Mesh((2, 4), ("x", "y"))
     mlp = lambda x, w1, w2: (jax.nn.gelu(x @ w1) @ w2).sum()

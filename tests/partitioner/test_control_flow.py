@@ -27,6 +27,7 @@ def scanned_mlp(x, ws):
     return lax.scan(layer, x, ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [8, 7])
 def test_scan_forward_and_grad(mesh, batch):
     rng = np.random.default_rng(0)
@@ -81,6 +82,7 @@ def test_cond(mesh, pred):
     close(fs(x, pred), f(x, pred))
 
 
+@pytest.mark.slow
 def test_a_carry_saved_as_a_residual_keeps_its_sharding_in_the_stack():
     """jax.grad of a scan over checkpointed layers: the forward scan returns every layer's
     input (the carry, saved as a residual) stacked; the body result IS the body parameter, so

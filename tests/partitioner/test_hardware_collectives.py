@@ -172,6 +172,7 @@ def pairs(plan):
     return re.findall(r"perm=\(([^)]*\)(?:, \([^)]*\))*)\)", plan.spmd_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m", [32, 66])
 def test_all_gather_matmul(m):
     rng = np.random.default_rng(2)

@@ -113,6 +113,7 @@ def _brute_read_ranges(n_in, k, window, stride, dilation, pad_lo, pad_hi, ld):
     return n_out, lo, hi
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [8192, 65536])
 @pytest.mark.parametrize("geom", [dict(window=5, pad_lo=2, pad_hi=2),  # SAME conv: every shard fast
                                   dict(window=7, stride=2, dilation=2, pad_lo=3, pad_hi=2, lhs_dilation=2),
@@ -259,6 +260,7 @@ def test_device_groups(ma):
 MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", MESHES + [(64, 128), (256, 256), (16, 64, 64)])
 def test_device_groups_every_axis_subset(shape):
     """Every ordered subset of axes of the test meshes and of abstract 8,192- / 65,536-device ones."""
@@ -294,6 +296,7 @@ def test_docstring_examples():
     assert res.failed == 0 and res2.failed == 0 and res.attempted + res2.attempted > 6
 
 
+@pytest.mark.slow
 def test_import_and_index_math_do_not_load_numba():
     """The tables are NumPy only (Numba's 0.5 s load never paid back: index_math's header)."""
     code = ("import sys, numpy as np, gspmd_py; from gspmd_py.partitioner import index_math as m, halo_tables as h; "
@@ -304,6 +307,7 @@ def test_import_and_index_math_do_not_load_numba():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_planning_a_spatial_conv_on_8_devices_does_not_load_numba():
     code = ("import os; os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'; "
             "import sys, numpy as np, jax, gspmd_py as gp; from jax import lax; "
@@ -372,6 +376,7 @@ def test_fetch_rounds_brute(case):
     _eq_rounds(halo_tables.fetch_rounds(*case), _brute_rounds(*case))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [8192, 65536])
 def test_fetch_rounds_large_meshes_and_errors(k):
     c = 4

@@ -92,6 +92,7 @@ def test_scanned_megatron_stack_forward(mesh):
     per_iteration_matches_unrolled(plan, gp.spmd(unrolled, mesh, in_shardings=MEGATRON).plan(*args), L)
 
 
+@pytest.mark.slow
 def test_scanned_megatron_stack_grad(mesh):
     x, w1, w2 = weights()
 
@@ -112,6 +113,7 @@ def test_scanned_megatron_stack_grad(mesh):
     per_iteration_matches_unrolled(plan, gp.spmd(g_unrolled, mesh, in_shardings=specs).plan(w1, w2, x), L)
 
 
+@pytest.mark.slow
 def test_training_a_scanned_stack_keeps_the_weights_sharded_as_given(mesh):
     x, w1, w2 = weights(1)
 
@@ -130,6 +132,7 @@ def test_training_a_scanned_stack_keeps_the_weights_sharded_as_given(mesh):
                                                jax.sharding.PartitionSpec(None, "y", None)]
 
 
+@pytest.mark.slow
 def test_weights_as_loop_constants(mesh):
     x, w1, w2 = weights(2)
 
@@ -149,6 +152,7 @@ def test_weights_as_loop_constants(mesh):
         assert sum(c.bytes_per_device for c in plan.collectives if c.in_loop) == B // 2 * D * 4
 
 
+@pytest.mark.slow
 @settings(max_examples=6)
 @given(b=st.sampled_from([8, 6, 7]), f=st.sampled_from([32, 12, 30]), t=st.integers(1, 3),
        dtype=st.sampled_from([np.float32, jnp.bfloat16]))
@@ -175,6 +179,7 @@ def test_batch_sharded_carry_beside_sharded_per_step_outputs(mesh, b, f, t, dtyp
     assert plan.out_shardings[1] == gp.Sharding(mesh, P(None, "x", "y"))
 
 
+@pytest.mark.slow
 def test_nested_loops(mesh):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((B, D)).astype(np.float32)
@@ -200,6 +205,7 @@ def test_nested_loops(mesh):
     assert gplan.out_shardings == (gp.Sharding(mesh, specs[1]), gp.Sharding(mesh, specs[2]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [True, False])
 def test_cond_branches_inside_a_scan(mesh, flag):
     x, w1, w2 = weights(4)
@@ -218,6 +224,7 @@ def test_cond_branches_inside_a_scan(mesh, flag):
 
 # -- point 3: pipelining the GSPMD way ------------------------------------------------------------
 
+@pytest.mark.slow
 @settings(max_examples=8)
 @given(n=st.sampled_from([4, 7, 8, 13]), i=st.integers(-13, 14), how=st.sampled_from(["set", "add", "max"]))
 def test_updating_one_row_of_a_sharded_dim_is_local(mesh, n, i, how):
@@ -289,6 +296,7 @@ def pipeline_plan(pipe_mesh, shift):
     return plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", sorted(SHIFTS))
 def test_pipeline_in_a_scan_equals_the_layers_in_sequence(pipe_mesh, shift):
     """Every shift form: equal to the layers in sequence; the weight stack never gathered,
@@ -309,13 +317,15 @@ def test_pipeline_shift_is_one_collective_permute_per_iteration(pipe_mesh):
     _one_permute_per_iteration(pipe_mesh, "pad")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", ["roll", "slice+concatenate", "pad+slice"])
 def test_pipeline_other_shift_forms_one_collective_permute(pipe_mesh, shift):
-    """The other forms fold into one op before propagation (gspmd_py/shifts.py): a rotate, or
+    """The other forms fold into one op before propagation (gspmd_py/frontend/shifts.py): a rotate, or
     one pad with negative padding."""
     _one_permute_per_iteration(pipe_mesh, shift)
 
 
+@pytest.mark.slow
 def test_gradients_leave_the_loop_partial_and_are_reduced_once(mesh):
     """A scanned stack's data-parallel weight gradients (ys of the transposed scan) and a
     loop-constant weight's gradient (a carried accumulator) stay partial sums through the

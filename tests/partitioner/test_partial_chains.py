@@ -148,6 +148,7 @@ def batches(items: list, size: int = 20):
             yield group[i:i + size]
 
 
+@pytest.mark.slow
 def test_chain_sample():
     items = sample()
     assert len(items) > 150
@@ -185,6 +186,7 @@ def test_chain_sweep():
     assert not bad, f"{len(bad)} of {done} chains differ:\n" + "\n".join(bad[:10])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_i", [0, 1, 2])
 @pytest.mark.parametrize("n", [8, 13])
 def test_slices_and_zero_pads_carry_a_partial_sum(mesh_i, n):

@@ -39,6 +39,7 @@ def _check_grad(loss, mesh, args, in_shardings, argnums=0, **tol):
     return f.plan(*args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [8, 7, 13])
 def test_megatron_mlp_grad(batch):
     mesh = gp.Mesh((2, 4), ("x", "y"))
@@ -53,6 +54,7 @@ def test_megatron_mlp_grad(batch):
         assert not gathered, plan.report()
 
 
+@pytest.mark.slow
 def test_mlp_grad_wrt_inputs_and_params():
     mesh = gp.Mesh((2, 2, 2), ("x", "y", "z"))
     params = _mlp_params(d=12, h=20, o=6)
@@ -85,6 +87,7 @@ def _classifier_args(batch, d=12, c=10):
     return params, x, labels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [16, 7, 13])
 def test_softmax_layernorm_grad(batch):
     mesh = gp.Mesh((2, 4), ("x", "y"))
@@ -103,6 +106,7 @@ def _attention_loss(params, x):
     return jnp.sum(_layernorm(o + x, 1.0, 0.0) ** 2)
 
 
+@pytest.mark.slow
 def test_attention_block_grad():
     mesh = gp.Mesh((2, 4), ("x", "y"))
     d = 8
@@ -112,6 +116,7 @@ def test_attention_block_grad():
     _check_grad(_attention_loss, mesh, (params, x), specs, argnums=(0, 1))
 
 
+@pytest.mark.slow
 @examples(6)
 @given(meshes(), st.sampled_from([1, 3, 5, 8, 13]), st.sampled_from([4, 6, 12]), st.booleans())
 def test_random_mesh_mlp_grad(mesh, batch, hidden, shard_inputs):

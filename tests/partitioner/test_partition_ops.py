@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
+import pytest
 
 import gspmd_py as gp
 from partition_util import (DIMS, SMALL_DIMS, check, examples, maybe, meshes, rand, shapes,
@@ -71,6 +72,7 @@ BINARY = {
 }
 
 
+@pytest.mark.slow
 @examples(16)
 @given(st.data())
 def test_unary(data):
@@ -84,6 +86,7 @@ def test_unary(data):
     check(fn, mesh, (rand(shape),), (spec,), out, **F32)
 
 
+@pytest.mark.slow
 @examples(16)
 @given(st.data())
 def test_binary(data):
@@ -98,6 +101,7 @@ def test_binary(data):
     check(fn, mesh, (rand(shape, seed=1), rand(shape, seed=2)), (s1, s2), out, **F32)
 
 
+@pytest.mark.slow
 @examples(10)
 @given(st.data())
 def test_binary_broadcasting(data):
@@ -114,6 +118,7 @@ def test_binary_broadcasting(data):
     check(fn, mesh, (rand(shape, seed=1), rand(small, seed=2)), (s1, s2), out, **F32)
 
 
+@pytest.mark.slow
 @examples(10)
 @given(st.data())
 def test_integer_and_bool_ops(data):
@@ -132,6 +137,7 @@ def test_integer_and_bool_ops(data):
 
 # -- broadcast / reshape / transpose --------------------------------------------------------------
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_broadcast_in_dim(data):
@@ -158,6 +164,7 @@ RESHAPES = [
 ]
 
 
+@pytest.mark.slow
 @examples(20)
 @given(st.data())
 def test_reshape(data):
@@ -191,6 +198,7 @@ def test_reshape_split_sharded_dim_stays_local():
     assert [(c.kind, c.axes) for c in plan.collectives] == [("all-gather", ("y",))]
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_transpose(data):
@@ -203,6 +211,7 @@ def test_transpose(data):
     check(fn, mesh, (rand(shape),), (spec,), out)
 
 
+@pytest.mark.slow
 @examples(10)
 @given(st.data())
 def test_squeeze_expand_dims(data):
@@ -221,6 +230,7 @@ def test_squeeze_expand_dims(data):
 
 # -- dot_general ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @examples(16)
 @given(st.data())
 def test_matmul(data):
@@ -232,6 +242,7 @@ def test_matmul(data):
     check(jnp.matmul, mesh, (rand((m, k), seed=1), rand((k, n), seed=2)), (sa, sb), out, **DOT_TOL)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_batch_matmul(data):
@@ -244,6 +255,7 @@ def test_batch_matmul(data):
     check(fn, mesh, (rand((b, m, k), seed=1), rand((b, k, n), seed=2)), (sa, sb), out, **DOT_TOL)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_dot_contracting_sharded(data):
@@ -275,6 +287,7 @@ def test_dot_contracting_sharded(data):
           out if tail != "sum" else None, **DOT_TOL)
 
 
+@pytest.mark.slow
 @examples(10)
 @given(st.data())
 def test_dot_general_einsums(data):
@@ -310,6 +323,7 @@ REDUCTIONS = {
 }
 
 
+@pytest.mark.slow
 @examples(20)
 @given(st.data())
 def test_reductions(data):
@@ -334,6 +348,7 @@ def test_reductions(data):
     check(fn, mesh, (x,), (spec,), out if out_rank else None, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_argmax_argmin(data):
@@ -355,6 +370,7 @@ def test_argmax_argmin(data):
     check(fn, mesh, (x,), (spec,))
 
 
+@pytest.mark.slow
 @examples(16)
 @given(st.data())
 def test_cumulative(data):
@@ -377,6 +393,7 @@ def test_cumulative(data):
     check(fn, mesh, (x,), (gp.P(*spec),), out, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_sort(data):
@@ -398,6 +415,7 @@ def test_sort(data):
     check(fn, mesh, (x,), (spec,), out)
 
 
+@pytest.mark.slow
 @examples(10)
 @given(st.data())
 def test_top_k(data):
@@ -410,6 +428,7 @@ def test_top_k(data):
     check(fn, mesh, (x,), (spec,))
 
 
+@pytest.mark.slow
 def test_sort_sharded_dim_moves_by_all_to_all():
     """GSPMD paper section 3.5: sort along a sharded dim: the sharding moves to another dim (all-to-all)."""
     mesh = gp.Mesh((2, 4), ("x", "y"))
@@ -431,6 +450,7 @@ def test_cumsum_sharded_axis_moves_only_totals():
 
 # -- iota, gather, scatter ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @examples(10)
 @given(st.data())
 def test_iota(data):
@@ -448,6 +468,7 @@ def test_iota(data):
     check(fn, mesh, (rand(shape),), (spec,), out)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_embedding_gather(data):
@@ -463,6 +484,7 @@ def test_embedding_gather(data):
     check(fn, mesh, (rand((vocab, dim), seed=1), ids), (s_tab, s_ids), out)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_scatter_add(data):
@@ -480,6 +502,7 @@ def test_scatter_add(data):
 
 # -- composite ops ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_softmax(data):
@@ -498,6 +521,7 @@ def _layernorm(x, g, b):
     return (x - mu) * lax.rsqrt(var + 1e-5) * g + b
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_layernorm(data):
@@ -520,6 +544,7 @@ def test_uneven_elementwise_is_local():
     assert [c.op for c in plan.collectives] in ([], ["boundary"])
 
 
+@pytest.mark.slow
 def test_uneven_reduce_all_reduce():
     """XLA spmd_partitioner_test (uneven reduce): reduce of f32[3,3] [2,1] over dim 0 -> replicated: mask, local reduce, one all-reduce."""
     mesh = gp.Mesh((2, 4), ("x", "y"))

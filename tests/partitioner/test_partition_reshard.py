@@ -47,6 +47,7 @@ def test_all_to_all_ref19():
     assert plan.collectives == cs
 
 
+@pytest.mark.slow
 def test_uneven_all_to_all_ref20():
     """Uneven f32[7,31,12] P(None,x,None) -> P(x,None,None): pad, one all-to-all, slice."""
     for mesh in (gp.Mesh((2, 4), ("x", "y")), gp.Mesh((8,), ("x",))):
@@ -98,6 +99,7 @@ def test_swap_axes_collective_permute_ref25():
     assert [c.kind for c in plan.collectives] == ["collective-permute"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src,dst,shape,expect", [
     (P("y", None), P(None, "y"), (8, 8), ["all-to-all"]),
     (P(("x", "y"), None), P(None, ("x", "y")), (8, 16), ["all-to-all"]),
@@ -115,6 +117,7 @@ def test_more_named_paths(src, dst, shape, expect):
         assert [c.kind for c in cs] == expect, plan.report()
 
 
+@pytest.mark.slow
 @examples(40)
 @given(st.data())
 def test_random_reshard(data):
@@ -128,6 +131,7 @@ def test_random_reshard(data):
     assert plan.sharding_of("out0") == gp.Sharding(mesh, dst).with_rank(len(shape))
 
 
+@pytest.mark.slow
 @examples(16)
 @given(st.data())
 def test_random_reshard_inside(data):

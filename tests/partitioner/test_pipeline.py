@@ -49,6 +49,7 @@ def piped(microbatches: int, repeats: int):
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repeats,microbatches", [(1, 4), (1, 2), (2, 4), (2, 6)])
 def test_forward_equals_the_sequential_model(repeats, microbatches):
     params, x = weights(4 * repeats), batch(4 * microbatches)
@@ -63,6 +64,7 @@ def test_forward_equals_the_sequential_model(repeats, microbatches):
     assert out.sharding.spec[0] in ("data", ("data",))  # the batch stays data-sharded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repeats", [1, 2])
 def test_gradient_equals_the_sequential_model(repeats):
     params, x = weights(4 * repeats, 2), batch(16, 3)
@@ -80,6 +82,7 @@ def test_gradient_equals_the_sequential_model(repeats):
             assert leaf.sharding.spec[0] in ("pipe", ("pipe",))
 
 
+@pytest.mark.slow
 def test_tensor_parallel_inside_a_stage():
     mesh = gp.Mesh((2, 4), ("model", "pipe"))
 
@@ -102,6 +105,7 @@ def test_tensor_parallel_inside_a_stage():
     assert_same(g(params, x), jnp.asarray(want), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_outside_gp_spmd_it_is_the_sequential_model():
     params, x = weights(8), batch(8)
     np.testing.assert_allclose(piped(4, 2)(params, x), sequential(params, x), rtol=2e-5, atol=2e-5)

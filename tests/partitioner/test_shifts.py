@@ -1,5 +1,5 @@
 """Shifts and rotations written as slices + concatenate or pad + slice fold into one op
-(gspmd_py/shifts.py) and partition as collective-permutes of whole blocks; equal to the
+(gspmd_py/frontend/shifts.py) and partition as collective-permutes of whole blocks; equal to the
 plain function over meshes, uneven dims, every shift, dtypes."""
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def test_forms_fold_into_one_op(form, prim):
     assert [op.prim for op in g.ops if op.outputs[0].rank] == [prim]  # (and the fill value's convert)
 
 
+@pytest.mark.slow
 @examples(20)
 @given(mesh=meshes(), n=st.sampled_from([1, 3, 4, 7, 8, 13, 16]), m=st.sampled_from([1, 5]),
        s=st.integers(-17, 17), form=st.sampled_from(sorted(FORMS)), dtype=st.sampled_from(["float32", "int32", "bfloat16"]),

@@ -56,6 +56,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,xs,ws,strides,padding,kw,spec", CASES, ids=[c[0] for c in CASES])
 def test_conv_matches_unpartitioned(name, xs, ws, strides, padding, kw, spec):
     f = conv_fn(strides, padding, **kw)
@@ -75,6 +76,7 @@ def test_same_3x3_H_sharded_4_ways_two_permutes_of_one_row():
     assert plan.sharding_of("out0").spec == gp.P(None, "y", None, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axes", ["y", ("x", "y"), ("y", "x")])
 @pytest.mark.parametrize("op", ["conv", "maxpool", "minpool_bf16"])
 def test_plain_halo_is_one_concatenate_of_neighbour_rows(op, axes):
@@ -162,6 +164,7 @@ def small_net(params, x):
     return jnp.mean(h ** 2)
 
 
+@pytest.mark.slow
 def test_grad_of_conv_net_with_spatially_sharded_input():
     params = (rand((3, 3, 3, 4), seed=1) * 0.5, rand((3, 3, 4, 4), seed=2) * 0.5, rand((3, 3, 1, 4), seed=3) * 0.5)
     x = rand((2, 30, 13, 3))
@@ -202,6 +205,7 @@ def _out_shape(f, xs, ws):
         return None
 
 
+@pytest.mark.slow
 @examples(10)
 @given(conv_configs(), st.booleans())
 def test_random_convs_and_their_gradients(cfg, grad):

@@ -50,6 +50,7 @@ POOLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
 @pytest.mark.parametrize("name", list(POOLS))
 def test_pooling(name, spec):
@@ -61,6 +62,7 @@ def test_pooling(name, spec):
     assert not plan.fallbacks
 
 
+@pytest.mark.slow
 def test_maxpool_gradient_moves_halos_both_ways():
     x = rand((2, 32, 8, 3))
     plan = check(POOLS["maxpool-grad"], MESH, (x,), (gp.P(None, "y"),))
@@ -71,6 +73,7 @@ def test_maxpool_gradient_moves_halos_both_ways():
     assert {c.bytes_per_device for c in sas} == {2 * 1 * 8 * 3 * 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [8, 7])
 def test_wide_window_falls_back_to_gathering_the_dim(n):
     # a 7-row window on 2-row shards: the halo would need 4 permutes moving as much as an
@@ -84,6 +87,7 @@ def test_wide_window_falls_back_to_gathering_the_dim(n):
     assert len([nt for nt in plan.diagnostics.notes if "gathered whole" in nt]) == 2
 
 
+@pytest.mark.slow
 def test_maxpool_gradient_ties_and_infinities():
     x = np.zeros((1, 16, 4, 1), np.float32)
     x[0, 3:9] = -np.inf
@@ -114,6 +118,7 @@ SHAPE_OPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
 @pytest.mark.parametrize("name", list(SHAPE_OPS))
 def test_shape_ops(name, spec):
@@ -122,6 +127,7 @@ def test_shape_ops(name, spec):
     assert not plan.fallbacks
 
 
+@pytest.mark.slow
 def test_dynamic_index_from_argument():
     def f(x, i):
         return lax.dynamic_slice_in_dim(x, i, 3, 1), lax.dynamic_update_slice_in_dim(x, x[:, :2] + 1, i, 1)
@@ -216,6 +222,7 @@ def offset_ops(draw):
     return fn, n, spec
 
 
+@pytest.mark.slow
 @examples(12)
 @given(offset_ops())
 def test_random_offset_ops(case):
@@ -253,6 +260,7 @@ def unet(params, x, mode):
     return jnp.mean((out - x[..., :1]) ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["repeat", "resize"])
 def test_unet3d_train_step(mode):
     def step(params, x):

@@ -69,6 +69,7 @@ MAX_LIKE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", LOW_FLOATS, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("name", sorted(MAX_LIKE))
 def test_low_precision_max_reductions(dtype, name):
@@ -83,6 +84,7 @@ def test_low_precision_max_reductions(dtype, name):
     compare(fn, M8, (x,), (P(None, "x"),), tol=tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh,spec", [(M24, P("x", "y")), (M8, P(None, "x"))])
 def test_complex_max_min_over_sharded_dims(mesh, spec):
     """lax.max orders complex numbers lexicographically; no all-reduce does, so the reduced
@@ -95,6 +97,7 @@ def test_complex_max_min_over_sharded_dims(mesh, spec):
 
 # -- partial values -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_partial_times_inf():
     """A partial sum multiplied by inf before its all-reduce gave NaN (0 * inf on the shards
     holding zeros) where the function gives inf; by a constant and by a run-time value."""
@@ -108,6 +111,7 @@ def test_partial_times_inf():
     compare(lambda a, b: (a @ b) / 0.0, M8, (a, b), (P(None, "x"), P("x", None)))
 
 
+@pytest.mark.slow
 def test_float16_partial_sums_accumulate_in_float32():
     """[35000, 35000, -35000, -35000, 1, 2, 3, 4] summed over 8 shards gave NaN (partials
     cast to float16 before the all-reduce overflow); it is 10, as XLA's own unpartitioned
@@ -153,6 +157,7 @@ def test_weak_typed_python_scalars():
     assert ours.dtype == np.int8 and int(ours[0]) == 45
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint8, np.bool_], ids=lambda d: np.dtype(d).name)
 def test_bitwise_and_over_an_uneven_dim(dtype):
     """reduce_and over 13 elements on 8 shards padded with 1, not all ones."""
@@ -175,6 +180,7 @@ def test_dynamic_slice_keeps_negative_zero():
         compare(lambda a, i: lax.dynamic_slice_in_dim(a, i, 3, axis=0), M8, (z, start), (P("x", None), None))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["max", "min", "argmax", "cummax"])
 def test_nan_over_a_sharded_dim(op):
     """max/min over a sharded dim dropped NaN. XLA's CPU all-reduce max/min drops it too,
@@ -189,6 +195,7 @@ def test_nan_over_a_sharded_dim(op):
 
 # -- crashes ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_axis_names_like_internal_sub_axes():
     """("y", "y_1"): the execution mesh splits y into sub-axes; their names (with ':', which a
     user's name cannot contain) no longer collide with the user's (a segfault in XLA)."""
@@ -203,6 +210,7 @@ def test_axis_names_like_internal_sub_axes():
         gp.Mesh((2, 4), ("y", "y:0"))
 
 
+@pytest.mark.slow
 def test_colliding_axis_names_cannot_crash_the_interpreter():
     """In a fresh interpreter (a crash would kill this one): meshes whose names look like the
     fine mesh's sub-axes plan and run a program that splits an axis, or are refused clearly."""
@@ -253,6 +261,7 @@ ZERO = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ZERO))
 def test_zero_size_dims(name):
     """Sharded zero-size dims failed at run time with raw JAX/XLA errors; jax.jit runs them."""
@@ -261,6 +270,7 @@ def test_zero_size_dims(name):
     compare(fn, M24 if name == "mixed" else M8, args, specs, out)
 
 
+@pytest.mark.slow
 def test_empty_result_of_a_strided_slice_and_associative_scan():
     """A strided slice yielding an empty dim from a sharded dim raised a negative-shape
     TypeError in the halo code; lax.associative_scan on a sharded axis makes such slices."""
@@ -353,6 +363,7 @@ COVERAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COVERAGE))
 def test_coverage(name):
     fn, args, ins, outs = COVERAGE[name]
@@ -376,6 +387,7 @@ def test_debug_print_once_with_the_whole_value(capfd):
     assert out.count("callback shape (8, 12)") == 1, out
 
 
+@pytest.mark.slow
 def test_no_partitioned_form_falls_back_loudly():
     """Ops with no partitioned form (linear algebra, host callbacks with results, random bits)
     are computed whole on every device: correct, with a PartitionWarning and a report line."""
@@ -393,6 +405,7 @@ def test_no_partitioned_form_falls_back_loudly():
         assert "REPLICATED FALLBACK" in f.plan(spd).report() and prim in f.plan(spd).report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.bfloat16], ids=["bfloat16"])
 def test_low_precision_training_step(dtype):
     """The scanned transformer of test_programs.py in bfloat16 (its Adam step; float16 gives

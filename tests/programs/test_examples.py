@@ -16,6 +16,7 @@ def load(name):
     return mod
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, needs, kwargs", [
     ("flax_gpt", ("flax", "optax"), dict(steps=2, layers=1)),
     ("equinox_mlp", ("equinox", "optax"), dict(steps=2)),

@@ -120,12 +120,14 @@ def _fuzz_report():
             json.dump({"per_dtype": per, "mismatches": MISMATCHES}, fh, indent=1)
 
 
+@pytest.mark.slow
 @examples(25)
 @given(gpt.programs())
 def test_random_programs(prog):
     _run(prog)
 
 
+@pytest.mark.slow
 def test_random_program_examples():
     """A few hand-picked programs of the kind the strategy draws (kept as regressions)."""
     progs = [

@@ -56,6 +56,7 @@ def adam_step(params, m, v, tokens, labels):
     return params, m, v, loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [4, 3])
 def test_scanned_transformer_adam_step(batch):
     params = init(jax.random.PRNGKey(0))
@@ -75,6 +76,7 @@ def test_scanned_transformer_adam_step(batch):
     close(f(params, m, v, tokens, labels), adam_step(params, m, v, tokens, labels))
 
 
+@pytest.mark.slow
 def test_conv_net_gradient():
     def net(w1, w2, x):
         h = lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
@@ -93,6 +95,7 @@ def test_conv_net_gradient():
     close(f(w1, w2, x), g(w1, w2, x), 1e-3)
 
 
+@pytest.mark.slow
 def test_sort_top_k_cumsum_scatter():
     def f(x, idx, upd):
         s = jnp.sort(x, axis=0)
@@ -110,6 +113,7 @@ def test_sort_top_k_cumsum_scatter():
     close(sf(x, idx, upd), f(x, idx, upd), 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 12), (7, 13), (0, 5)])
 @pytest.mark.parametrize("mesh_i", range(4))
 def test_random_numbers_are_drawn_per_shard_bit_identical(shape, mesh_i):

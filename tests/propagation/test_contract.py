@@ -114,6 +114,7 @@ def projection_violations(plan) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,i", CASES)
 @examples(4)
 @given(data=st.data())

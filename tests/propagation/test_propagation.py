@@ -239,6 +239,7 @@ PROG = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_deterministic_across_hash_seeds():
     outs = []
     for seed in ("0", "1", "12345"):

@@ -48,6 +48,7 @@ def rank_lines(text: str, rank: int) -> list[str]:
     return [l for l in lines if l.strip()]
 
 
+@pytest.mark.slow
 def test_megatron_mlp_on_two_processes_matches_one_process_for_both_mesh_layouts(tmp_path):
     out = tmp_path / "mlp.npz"
     r = run_launcher("tests/multihost_worker.py", "mlp", str(out))
@@ -76,6 +77,7 @@ def _load_example():
     return mod
 
 
+@pytest.mark.slow
 def test_training_step_on_two_processes_matches_one_process(tmp_path):
     out = tmp_path / "train.npz"
     r = run_launcher("examples/multihost_train.py", "--steps", "2", "--out", str(out))
@@ -94,6 +96,7 @@ def test_training_step_on_two_processes_matches_one_process(tmp_path):
     assert "axes spanning processes: ('x',)" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_crashed_process_is_reported_and_the_others_stopped():
     r = run_launcher("tests/multihost_worker.py", "crash")
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # not 124: nothing waited for the timeout
@@ -102,6 +105,7 @@ def test_a_crashed_process_is_reported_and_the_others_stopped():
     assert "[rank 1] Traceback" in r.stderr
 
 
+@pytest.mark.slow
 def test_processes_planning_different_programs_raise_naming_the_op():
     r = run_launcher("tests/multihost_worker.py", "mismatch")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -160,6 +164,7 @@ def test_launcher_replaces_the_device_count_flag():
     assert (env["GSPMD_PY_PROCESS_ID"], env["JAX_PLATFORMS"], env["GSPMD_PY_CPU_COLLECTIVES"]) == ("1", "cpu", "gloo")
 
 
+@pytest.mark.slow
 def test_initialize_without_launcher_or_cluster_is_a_single_process_run():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GSPMD_PY_", "JAX_COORDINATOR", "SLURM_", "OMPI_", "KUBERNETES_"))}

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
+import pytest
 
 import gspmd_py as gp
 from partition_util import assert_same, check, examples, meshes, rand, shapes, spec_for
@@ -29,6 +30,7 @@ def _assert_laid_out(plan, outs):
         assert o.sharding.is_equivalent_to(NamedSharding(plan.jax_mesh, spec), o.ndim), (o.sharding, spec)
 
 
+@pytest.mark.slow
 @examples(12)
 @given(st.data())
 def test_outputs_are_laid_out_as_planned(data):
@@ -94,6 +96,7 @@ def test_placed_inputs_are_not_moved():
     np.testing.assert_allclose(np.asarray(b), a * 9.0, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_pytree_outputs_and_inputs():
     mesh = gp.Mesh((2, 2, 2), ("x", "y", "z"))
 

@@ -66,6 +66,7 @@ def test_2048_devices_abstract_mesh():
     assert res.cost.step_s <= min(c.price.step_s for _, c in res.search.baselines) * (1 + 1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shapes", [((8, 32), (32, 64), (64, 32)), ((64, 16), (16, 16), (16, 8))])
 def test_found_plans_run_and_match_and_are_deterministic(shapes):
     mesh = gp.Mesh((8,), ("m",))
@@ -80,6 +81,7 @@ def test_found_plans_run_and_match_and_are_deterministic(shapes):
     np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(mlp(*args)), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_training_step_plan_runs_and_fixed_in_shardings_stay():
     mesh = gp.Mesh((2, 4), ("x", "y"))
     rng = np.random.default_rng(1)

@@ -68,6 +68,7 @@ def test_table_ranking_agrees_with_traced_pricer(fn, mesh, args, cands):
     assert traced[int(np.argmin(tab[:, 0]))] <= min(traced) * 1.0001
 
 
+@pytest.mark.slow
 def test_kernel_compiled_and_uncompiled_give_identical_sums():
     pytest.importorskip("numba")
     rng = np.random.default_rng(0)
@@ -110,6 +111,7 @@ def test_tables_are_deterministic():
     assert all(np.array_equal(np.asarray(a.table)[x], np.asarray(b.table)[y]) for x, y in zip(ia, ib))
 
 
+@pytest.mark.slow
 def test_screened_search_is_deterministic_and_no_worse_than_unscreened():
     from gspmd_py.search import optimizer
 
@@ -129,6 +131,7 @@ def test_screened_search_is_deterministic_and_no_worse_than_unscreened():
     assert res.cost.step_s <= plain.cost.step_s * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_a_small_search_sums_uncompiled_and_a_large_one_switches_to_numba(monkeypatch):
     """The kernel runs as Python until a search's tables have summed NUMBA_MIN_PAIRS pairs
     (numba's load pays only past that: benchmarks/results/auto.md), then compiled."""

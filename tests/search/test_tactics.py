@@ -28,6 +28,7 @@ MEGATRON = (P("x", None, None), P(None, "y", None), P(None, "y", None), P(None, 
             P(None, "y"), P("y", None), None, None)
 
 
+@pytest.mark.slow
 def test_transformer_block_batch_then_auto_matches_megatron():
     mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
     args = _block_args(8, 128, 1024, 16, 64, 4096)
@@ -72,6 +73,7 @@ def _close(a, b):
         np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_rules_and_zero_on_a_flax_tree_run_and_match_jit():
     mesh = gp.Mesh((2, 4), ("x", "y"))
     rng = np.random.default_rng(0)
@@ -90,6 +92,7 @@ def test_rules_and_zero_on_a_flax_tree_run_and_match_jit():
     assert "zero('x')" in plan.explain("arg0['dense1']['kernel']")
 
 
+@pytest.mark.slow
 def test_zero_alone_and_auto_after_it_run_and_match():
     mesh = gp.Mesh((8,), ("m",))
     rng = np.random.default_rng(2)

@@ -1,0 +1,113 @@
+"""The docs stay true: the Sphinx site builds with warnings as errors (when Sphinx is
+installed: ``pip install -e ".[docs]"``), every page's python code blocks run (each page's
+blocks in order, in one namespace, on the 8 CPU devices of conftest.py), and every
+repository path that a doc, the README or a docstring names exists.
+
+A code block that must not run (it stands for the reader's own code, or needs several
+processes) is preceded by a MyST comment line ``% norun: why``; other fences (bash, text)
+are never run.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
+FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """(line, code) of each python block of a page that may run, in order."""
+    out = []
+    for m in FENCE.finditer(text):
+        if m.group(1) != "python":
+            continue
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        if before.startswith("% norun"):
+            continue
+        out.append((text[:m.start()].count("\n") + 1, m.group(2)))
+    return out
+
+
+def test_the_pages_are_found_and_norun_is_honoured():
+    assert {"index.md", "getting-started.md", "concepts.md", "architecture.md", "performance.md", "api.md"} <= {
+        p.name for p in PAGES}
+    text = "```python\na = 1\n```\n\n% norun: not this one\n```python\nraise SystemExit\n```\n```bash\nexit 1\n```\n"
+    assert python_blocks(text) == [(1, "a = 1\n")]
+
+
+RUNNABLE = [p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *PAGES] if python_blocks(p.read_text())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_the_code_blocks_of_a_page_run(page, capsys):
+    """README.md's and each docs page's python blocks, in order, in one namespace."""
+    namespace: dict = {"__name__": "docs_" + page.replace("/", "_")}
+    for line, code in python_blocks((ROOT / page).read_text()):
+        try:
+            exec(compile(code, f"{page}:{line}", "exec"), namespace)
+        except Exception as e:  # the page and line the block starts on, then the error
+            raise AssertionError(f"{page}, the block at line {line}: {type(e).__name__}: {e}") from e
+
+
+# -- repository paths ---------------------------------------------------------------------
+PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|txt|png|cfg|toml|json|html))(?![\w/])")
+
+
+def _tops() -> set[str]:
+    """First components a repository path can start with: the repository's folders, the
+    package's and the tests' (a docstring says ``partitioner/passes.py`` inside gspmd_py)."""
+    return {p.name for base in (ROOT, ROOT / "gspmd_py", ROOT / "tests") for p in base.iterdir()
+            if p.is_dir() and not p.name.startswith((".", "_"))}
+
+
+def named_paths(path: Path, tops: set[str]) -> list[tuple[int, str]]:
+    text = path.read_text()
+    return [(text[:m.start()].count("\n") + 1, m.group(1)) for m in PATH.finditer(text)
+            if m.group(1).split("/")[0] in tops]
+
+
+def _exists(name: str, where: Path) -> bool:
+    return any((base / name).exists() for base in (ROOT, ROOT / "gspmd_py", ROOT / "tests", where.parent))
+
+
+def test_every_repository_path_a_doc_or_docstring_names_exists():
+    """A path with a folder in it (``gspmd_py/frontend/shifts.py``, ``partitioner/passes.py``,
+    ``benchmarks/results/calls.md``) read from the root, the package, the tests or the file's
+    own folder; bare file names and paths outside the repository (``jax/_src/...``) are not
+    checked."""
+    tops = _tops()
+    files = [ROOT / "README.md", *PAGES, *ROOT.glob("examples/*.md"), *ROOT.glob("tests/README.md")]
+    files += [p for d in ("gspmd_py", "tests", "benchmarks", "examples") for p in (ROOT / d).rglob("*.py")]
+    stale = [f"{f.relative_to(ROOT)}:{line}: {name}" for f in files for line, name in named_paths(f, tops)
+             if not _exists(name, f)]
+    assert not stale, "paths that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_path_check_sees_a_stale_path(tmp_path):
+    stale = "gspmd_py/" + "shifts.py"  # spelled in two parts, so this file names no stale path itself
+    f = tmp_path / "x.md"
+    f.write_text(f"see {stale} and gspmd_py/frontend/shifts.py, jax/_src/stages.py, plan.html")
+    found = named_paths(f, _tops())
+    assert [n for _, n in found] == [stale, "gspmd_py/frontend/shifts.py"]
+    assert [n for _, n in found if not _exists(n, f)] == [stale]
+
+
+# -- the Sphinx build ---------------------------------------------------------------------
+HAVE_SPHINX = importlib.util.find_spec("sphinx") is not None and importlib.util.find_spec("myst_parser") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_SPHINX, reason='the docs build needs Sphinx: pip install -e ".[docs]"')
+def test_the_docs_build_with_warnings_as_errors(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
+                        str(tmp_path / "html")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
