@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Optional
 
+from ..jax_compat import scan_counts
 from ..ir import Graph, Op, Value
 from ..partitioner.program_index import ProgramIndex
 
@@ -33,7 +34,11 @@ def _plain(v: Any) -> bool:
 
 
 def _params(op: Op) -> str:
-    shown = [f"{k}={tuple(v) if isinstance(v, list) else v}" for k, v in sorted(op.params.items())
+    params = dict(op.params)
+    if op.prim == "scan":  # one spelling of the loop's operand counts, whatever the JAX version's
+        params.pop("ft_in", None), params.pop("ft_out", None)
+        params["num_consts"], params["num_carry"] = scan_counts(op.params)
+    shown = [f"{k}={tuple(v) if isinstance(v, list) else v}" for k, v in sorted(params.items())
              if _plain(v) and not k.startswith("_")]  # private parameters differ between JAX versions
     return "[" + " ".join(shown) + "]" if shown else ""
 

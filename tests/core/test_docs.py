@@ -13,6 +13,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,10 @@ RUNNABLE = [p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *PAGES]
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_the_code_blocks_of_a_page_run(page, capsys):
     """README.md's and each docs page's python blocks, in order, in one namespace."""
-    namespace: dict = {"__name__": "docs_" + page.replace("/", "_")}
+    # a module of its own (dataclasses such as Flax modules look their module up in sys.modules)
+    module = types.ModuleType("docs_" + page.replace("/", "_").replace(".", "_"))
+    sys.modules[module.__name__] = module
+    namespace: dict = module.__dict__
     for line, code in python_blocks((ROOT / page).read_text()):
         try:
             exec(compile(code, f"{page}:{line}", "exec"), namespace)
