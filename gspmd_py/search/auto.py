@@ -6,11 +6,21 @@
     res.cost.step_s       # the chosen plan, built and costed for real
     print(res.report())   # the best candidates beside replicated / data parallel / Megatron
     out = res.spmd(params, batch)   # runs exactly res.plan
+    # the plan as data: gp.spmd builds the same program from it (no search)
+    f = gp.spmd(train_step, mesh, in_shardings=res.in_shardings, out_shardings=res.out_shardings,
+                tactics=res.rules())
 
 It is ``gp.spmd(fn, mesh, in_shardings, out_shardings, tactics=[gp.tactics.auto(...)])``
 planned once: the search (optimizer.py) decides over every mesh axis, keeping the fixed
 parts of ``in_shardings``; ``res.spmd`` replays its decisions (intermediate annotations
-included) without searching again.
+included) without searching again, and so does ``gp.spmd`` given ``res.rules()`` (a tactics
+list holding the decisions as plain data: value id, shape and mesh axes per dim), with or
+without ``res.in_shardings`` / ``res.out_shardings``.
+
+The result depends only on the function, the arguments' shapes, the mesh, the hardware and
+the seed: the search stops after ``max_evaluations`` candidates (optimizer.py), and
+``time_budget_s`` is a safety cap that ``res.report()`` mentions when it cut the search
+short. Candidates the partitioner cannot build are skipped and counted in the report.
 """
 from __future__ import annotations
 
@@ -35,9 +45,18 @@ class AutoResult:
     explored: int
     search: SearchResult
     spmd: Any  # gp.Spmd running plan
+    decided: Any = None  # the Decided tactic replaying the search's decisions
+    hardware_text: str = ""  # which hardware priced the plans, and why that one
 
     def report(self) -> str:
         return report(self)
+
+    def rules(self) -> list:
+        """The plan as a tactics list for ``gp.spmd(fn, mesh, tactics=res.rules())``: the
+        search's decisions (inputs and intermediate annotations) as data, replayed as they
+        were made; with ``in_shardings=res.in_shardings, out_shardings=res.out_shardings``
+        too, gp.spmd builds the same program."""
+        return [self.decided]
 
 
 def _spec(sharding) -> P:
@@ -46,7 +65,7 @@ def _spec(sharding) -> P:
 
 def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings=None, hardware=None,
                memory_limit: Optional[float] = None, time_budget_s: float = 30, seed: int = 0, static_argnums=(),
-               donate_argnums=()) -> AutoResult:
+               donate_argnums=(), max_evaluations: Optional[int] = None) -> AutoResult:
     """Search shardings for ``fn(*args)`` over every axis of ``mesh`` (``args``: arrays or
     jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
     ``hardware=None``: ``gp.Hardware.preset("h100-node")``. Raises ``MemoryLimitError`` (a
@@ -56,7 +75,9 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     from ..frontend.tactics import Decided, auto
 
     hw = hardware or Hardware.preset("h100-node")
-    tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed)
+    hw_text = f"hardware {hw.name}" + (" (given)" if hardware is not None else " (default)")
+    tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
+               max_evaluations=max_evaluations)
     f = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums, donate_argnums=donate_argnums,
              tactics=[tac])
     plan = f.plan(*args)
@@ -65,19 +86,29 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     decisions = tuple((vid, plan.prop.values[vid].shape, tuple(tuple(a.name if a.whole else str(a) for a in d)
                                                                  for d in dims))
                       for vid, dims in sorted(result.decisions.items()))
+    decided = Decided(decisions, str(tac))
     replay = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums,
-                  donate_argnums=donate_argnums, tactics=[Decided(decisions, str(tac))])
+                  donate_argnums=donate_argnums, tactics=[decided])
     replay._entries = f._entries  # the plan is built: the replay runs it (other signatures replay the decisions)
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
-    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay)
+    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text)
 
 
 def report(res: AutoResult) -> str:
     s = res.search
-    lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({s.hardware}): {s.explored} candidates, "
-             f"{s.programs} programs priced in {s.seconds:.2f} s; searched axes {', '.join(s.axes)}"
-             + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
+    lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({res.hardware_text or s.hardware}): "
+             f"{s.explored} candidates, {s.programs} programs priced in {s.seconds:.2f} s; searched axes "
+             f"{', '.join(s.axes)}" + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
+    if s.stopped_by == "time":
+        lines.append(f"search stopped by the time cap (time_budget_s) before max_evaluations={s.max_evaluations}: "
+                     f"this result depends on the machine's speed; raise time_budget_s for a reproducible one")
+    elif s.stopped_by == "evaluations":
+        lines.append(f"search stopped at max_evaluations={s.max_evaluations} candidates (deterministic budget)")
+    if s.skipped:
+        n = sum(k for _, k in s.skipped)
+        lines.append(f"skipped {n} candidate{'s' if n != 1 else ''} the partitioner could not build: "
+                     + "; ".join(f"{k} x {r}" for r, k in s.skipped))
     rows = [("plan", "step", "peak memory", "collectives", "bytes", "decisions")]
     c = res.cost
     rows.append(("chosen (built)", _ms(c.step_s), bytes_text(c.peak_memory_bytes), str(len(res.plan.collectives)),

@@ -31,9 +31,16 @@ those the tables predict better than the current state are priced in the tables'
 first that prices better wins, and the round gives up after ``SCREEN_CLIMB`` priced no better.
 Every score the search keeps is the traced pricer's; the tables only choose what to price.
 
-The time budget is a hard stop checked between candidates (a budget that cuts the search
-short makes the result depend on the machine's speed; the defaults leave room). Progress
-goes to stderr when it is a terminal and the search runs longer than 2 s.
+Budgets. The search stops after ``max_evaluations`` candidate states (those priced plus those
+the tables ranked): a count, so the result depends only on the program, the hardware and the
+seed, never on the machine's speed or load. ``time_budget_s`` stays as a safety cap checked
+between candidates; a search that hits it says so in ``res.report()`` (its result then
+depends on the machine's speed). Progress goes to stderr when it is a terminal and the
+search runs longer than 2 s.
+
+Robustness: a candidate whose propagation or per-device program fails (the partitioner
+cannot build it) is skipped, never fatal: it scores worse than any built one, and the
+result counts the skips by reason (``SearchResult.skipped``, said in ``res.report()``).
 
 ``hardware=None``: ``gp.Hardware.preset("h100-node")`` (8 H100s on NVLink), a fixed preset
 so that a plan does not depend on the machine it was searched on.
@@ -64,6 +71,7 @@ SCREEN = True
 SCREEN_BEAM = 3 * BEAM
 SCREEN_CLIMB = 3
 SCREEN_CHUNK = 8
+MAX_EVALUATIONS = 2000  # default deterministic budget: candidate states priced or ranked
 
 Action = tuple  # (class index, dim, axis name)
 
@@ -80,6 +88,7 @@ class Candidate:
     text: str
     price: Price
     fits: bool
+    built: bool = True  # False: the partitioner could not build it (skipped; SearchResult.skipped)
 
 
 @attrs.frozen
@@ -96,6 +105,9 @@ class SearchResult:
     memory_limit: Optional[float]
     classes: tuple[PointClass, ...]
     screened: int = 0  # states the cost tables ranked (the pre-screen; tables.py)
+    skipped: tuple[tuple[str, int], ...] = ()  # (reason, candidates) the partitioner could not build
+    stopped_by: str = ""  # "" (converged), "evaluations" (max_evaluations) or "time" (time_budget_s)
+    max_evaluations: int = MAX_EVALUATIONS
 
 
 def bytes_text(b: float) -> str:
@@ -108,7 +120,7 @@ def bytes_text(b: float) -> str:
 
 class _Search:
     def __init__(self, ctx: TacticContext, axes: Sequence[str], hw, memory_limit, budget: float, seed: int,
-                 who: str, screen: Optional[bool] = None):
+                 who: str, screen: Optional[bool] = None, max_evaluations: int = MAX_EVALUATIONS):
         self.ctx, self.axes, self.hw = ctx, tuple(axes), hw
         self.memory_limit = memory_limit
         self.t0 = time.perf_counter()
@@ -129,6 +141,9 @@ class _Search:
         self.tables = CostTables(ctx.graph, ctx.mesh, hw) if self.screen else None
         self.tscore: dict = {}  # state -> the tables' score (pre-screen)
         self.screened = 0  # states ranked by the tables
+        self.max_evaluations = int(max_evaluations)
+        self.skipped: dict = {}  # reason -> candidates skipped for it
+        self.stopped_by = ""
 
     # -- states ----------------------------------------------------------------------
     def canon(self, state) -> tuple:
@@ -165,19 +180,40 @@ class _Search:
 
     # -- pricing ----------------------------------------------------------------------
     def out_of_time(self) -> bool:
-        return time.perf_counter() > self.deadline
+        """Past a budget: ``max_evaluations`` states (deterministic), or the time cap (safety)."""
+        if self.stopped_by:
+            return True
+        if len(self.memo) + self.screened >= self.max_evaluations:
+            self.stopped_by = "evaluations"
+        elif time.perf_counter() > self.deadline:
+            self.stopped_by = "time"
+        return bool(self.stopped_by)
+
+    def skip(self, e: BaseException) -> None:
+        """Count a candidate the partitioner could not build (by the error's type and first line)."""
+        line = (str(e).strip().splitlines() or [""])[0]
+        reason = f"{type(e).__name__}: {line[:160]}" if line else type(e).__name__
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def evaluate(self, state, prop=None) -> tuple:
         state = self.canon(state)
         got = self.memo.get(state)
         if got is not None:
             return got
-        price, _ = self.pricer.price(self.seeds(state), prop)
+        try:
+            price, _ = self.pricer.price(self.seeds(state), prop)
+            key = self.pricer.last_key
+        except Exception as e:  # noqa: BLE001 - any failure to build a candidate skips it
+            self.skip(e)
+            price, key = Price(float("inf"), 0, 0.0, 0), ("unbuildable", state)
+            cand = Candidate(state, self.describe(state), price, False, built=False)
+            got = self.memo[state] = ((2, state), cand, key)
+            return got
         fits = self.memory_limit is None or price.peak_memory_bytes <= self.memory_limit
         score = ((0, price.step_s, price.comm_bytes, len(state)) if fits
                  else (1, price.peak_memory_bytes, price.step_s, len(state)))
         cand = Candidate(state, self.describe(state), price, fits)
-        got = self.memo[state] = (score, cand, self.pricer.last_key)
+        got = self.memo[state] = (score, cand, key)
         self.progress()
         return got
 
@@ -195,11 +231,23 @@ class _Search:
                 continue
             if self.out_of_time():
                 break
-            props[st] = self.pricer.propagate(self.seeds(st))
+            try:
+                props[st] = self.pricer.propagate(self.seeds(st))
+            except Exception as e:  # noqa: BLE001 - any failure skips the candidate
+                self.skip(e)
+                self.memo[st] = ((2, st), Candidate(st, self.describe(st), Price(float("inf"), 0, 0.0, 0), False,
+                                                    built=False), ("unbuildable", st))
+                self.tscore[st] = (3, st)
+                self.screened += 1
+                continue
             if st not in self.tscore:
                 todo.append(st)
         if todo:
-            tab = self.tables.price([props[st] for st in todo])
+            try:
+                tab = self.tables.price([props[st] for st in todo])
+            except Exception as e:  # noqa: BLE001 - the tables only rank: fall back to program order
+                self.skip(e)
+                tab = [(0.0, 0.0)] * len(todo)
             for st, (sec, nb) in zip(todo, tab):
                 fits = self.memory_limit is None or self.tables.argument_bytes(props[st]) <= self.memory_limit
                 self.tscore[st] = (0, sec, nb, len(st)) if fits else (1, sec, nb, len(st))
@@ -226,11 +274,7 @@ class _Search:
         return min(self.memo.values(), key=lambda g: g[0])
 
     def beam(self, starts, actions) -> None:
-        beam = []
-        for s in starts:
-            if self.out_of_time():
-                break
-            beam.append(self.evaluate(s))
+        beam = [self.evaluate(s) for s in starts]  # always priced, whatever the budgets: the answer's floor
         beam = self._top(beam)
         while beam and not self.out_of_time():
             children = []
@@ -338,6 +382,10 @@ class _Search:
         self.restarts()
         self.progress(final=True)
         score, best, _ = self.best()
+        if not best.built:
+            raise ShardingError(
+                f"{self.who}: the partitioner could not build any of the {len(self.memo)} candidates over "
+                f"{', '.join(self.axes)}: " + "; ".join(f"{n} x {r}" for r, n in sorted(self.skipped.items())))
         if not best.fits:
             raise MemoryLimitError(
                 f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={bytes_text(self.memory_limit)} per "
@@ -347,7 +395,7 @@ class _Search:
                 + ". Shard more axes, raise the limit, or shrink these tensors")
         seen, top = set(), []
         for g in sorted(self.memo.values(), key=lambda g: (g[0], g[1].actions)):
-            if g[2] not in seen:
+            if g[2] not in seen and g[1].built:
                 seen.add(g[2])
                 top.append(g[1])
             if len(top) == 5:
@@ -355,16 +403,19 @@ class _Search:
         base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
         return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
-                            self.memory_limit, tuple(self.classes), self.screened)
+                            self.memory_limit, tuple(self.classes), self.screened,
+                            tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
+                            self.max_evaluations)
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,
-           seed: int = 0, who: str = "auto", screen: Optional[bool] = None) -> SearchResult:
+           seed: int = 0, who: str = "auto", screen: Optional[bool] = None,
+           max_evaluations: int = MAX_EVALUATIONS) -> SearchResult:
     """Search shardings over ``axes`` on top of ``ctx``'s decisions (see the module docstring)."""
     from ..cost import Hardware
 
     hw = hardware or Hardware.preset("h100-node")
-    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen)
+    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
     baselines = [(name, s.canon(st)) for name, st in baseline_states(ctx, s.classes, tuple(axes))]
     baselines = [(n, st) for n, st in baselines if s.decisions(st) is not None]
     return s.run(baselines)
