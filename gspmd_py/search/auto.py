@@ -58,6 +58,14 @@ class AutoResult:
         too, gp.spmd builds the same program."""
         return [self.decided]
 
+    def jax_shardings(self):
+        """The plan for ``jax.jit``'s own partitioner: NamedSharding trees for the inputs and
+        outputs, the intermediate annotations as constraints, and the program with them in
+        (search/jaxrun.py): ``js = res.jax_shardings(); js.jit()(*args)``."""
+        from .jaxrun import jax_shardings
+
+        return jax_shardings(self.plan, [vid for vid, _, _ in self.decided.decisions])
+
 
 def _spec(sharding) -> P:
     return sharding.spec

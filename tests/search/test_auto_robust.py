@@ -175,3 +175,42 @@ def test_found_plan_runs_and_matches():
     res = _search(mlp, mesh, args)
     f = gp.spmd(mlp, mesh, in_shardings=res.in_shardings, out_shardings=res.out_shardings, tactics=res.rules())
     np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(mlp(*args)), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp", "train_step", "block_grad", "conv_net", "scan_stack"])
+def test_jax_shardings_run_under_jax_jit_and_match(name):
+    _, fn, shapes, mesh_shape, names = next(r for r in REFERENCE if r[0] == name)
+    mesh = gp.Mesh(mesh_shape, names)
+    rng = np.random.default_rng(2)
+    args = [(rng.standard_normal(s) * 0.3).astype(np.float32) for s in shapes]
+    res = _search(fn, mesh, args)
+    js = res.jax_shardings()
+    got = js.jit()(*args)
+    want = fn(*args)
+    for a, b, s in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
+                       jax.tree_util.tree_leaves(js.out_shardings)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)
+        assert a.sharding.is_equivalent_to(s, a.ndim)
+    assert all(isinstance(s, jax.sharding.NamedSharding) for s in jax.tree_util.tree_leaves(js.in_shardings))
+
+
+def test_jax_shardings_carry_intermediate_constraints(monkeypatch):
+    real = price_mod.Pricer.price
+
+    def price(self, seeds, prop=None):
+        got, prop = real(self, seeds, prop)
+        if any(s.value.producer is not None for s in seeds):
+            got = type(got)(got.step_s * 0.25, got.peak_memory_bytes, got.comm_bytes, got.collectives)
+        return got, prop
+
+    monkeypatch.setattr(price_mod.Pricer, "price", price)
+    monkeypatch.setattr(optimizer, "SCREEN", False)
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(32, 64), (64, 128), (128, 64)]]
+    res = _search(mlp, mesh, args)
+    js = res.jax_shardings()
+    assert js.constraints and "dot_general" in js.constraints[0][0]
+    hlo = js.jit().lower(*args).as_text()
+    assert hlo.count("sharding_constraint") + hlo.count("Sharding") >= len(js.constraints)
+    np.testing.assert_allclose(np.asarray(js.jit()(*args)), np.asarray(mlp(*args)), rtol=2e-5, atol=2e-5)
