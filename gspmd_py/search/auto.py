@@ -76,14 +76,18 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
                donate_argnums=(), max_evaluations: Optional[int] = None) -> AutoResult:
     """Search shardings for ``fn(*args)`` over every axis of ``mesh`` (``args``: arrays or
     jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
-    ``hardware=None``: ``gp.Hardware.preset("h100-node")``. Raises ``MemoryLimitError`` (a
+    ``hardware=None``: the mesh's devices' (cost/machine.py: a GPU's or TPU's preset, CPU
+    devices calibrated once and cached on disk; an abstract mesh: h100-node). Raises ``MemoryLimitError`` (a
     gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
     from ..frontend.api import Spmd
-    from ..cost import Hardware
+    from ..cost.machine import default_hardware
     from ..frontend.tactics import Decided, auto
 
-    hw = hardware or Hardware.preset("h100-node")
-    hw_text = f"hardware {hw.name}" + (" (given)" if hardware is not None else " (default)")
+    if hardware is not None:
+        hw, hw_text = hardware, f"hardware {hardware.name} (given)"
+    else:
+        hw, how = default_hardware(mesh, _largest_bytes(args))
+        hw_text = f"hardware {hw.name}: {how}"
     tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
                max_evaluations=max_evaluations)
     f = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums, donate_argnums=donate_argnums,
@@ -101,6 +105,18 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
     return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text)
+
+
+def _largest_bytes(args) -> int:
+    """The largest argument's bytes: about the largest collective the program can move."""
+    import numpy as np
+
+    out = 0
+    for x in jax.tree_util.tree_leaves(args):
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if shape is not None and dtype is not None:
+            out = max(out, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return out
 
 
 def report(res: AutoResult) -> str:
