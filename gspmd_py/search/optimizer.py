@@ -174,7 +174,8 @@ class _Search:
         parts = []
         for c, d, a in state:
             pc = self.classes[c]
-            n = f" (x{len(pc.values)})" if len(pc.values) > 1 else ""
+            k = pc.roots or len(pc.values)
+            n = f" (x{k})" if k > 1 else ""
             parts.append(f"{pc.what}{n} dim {d} on {a}")
         return "; ".join(parts)
 
