@@ -20,7 +20,7 @@
 Data inputs are those whose leading dim is the batch (the leading dim most data bytes
 share). Weights are inputs met, possibly through a cast (``w.astype(bf16)``), a transpose (a tied
 ``wte.T``) or a scan (a stacked ``[L, ...]`` weight sliced per iteration: the decision goes to
-the stacked input, one dim further), as an operand of a dot (``dot_weight``: the right one
+the stacked input, one dim further), as an operand of a dot (``_roles``: the right one
 when both are inputs, either when only one is); data are the other inputs (but not the leaves of a first argument that holds
 weights: ``fn(params, *batch)``).
 """
@@ -73,30 +73,39 @@ def view_of(v, aliases=None):
             return v, dmap
 
 
-def dot_weight(op, cls_of, aliases, known=()):
-    """Which operand of a dot_general is a weight: (operand index, source value, dim map) or
-    None. A weight is an open input (through casts, transposes, scans) met by an operand that
-    is not one already known as a weight; the right operand when both are inputs (``x @ w``),
-    the left when only it is (``einsum`` may put the weight first: ``dot_general(w, h)``)."""
+def weight_operand(op, wset, aliases):
+    """The operand of a dot_general that is one of the weights ``wset`` (value ids, seen through
+    casts, transposes, scans; the right one when both are): (index, source value, dim map) or None."""
     if op.prim != "dot_general" or len(op.inputs) != 2:
         return None
-    views = [view_of(x, aliases) for x in op.inputs]
-    ins = [views[i][0].id in cls_of for i in (0, 1)]
     for i in (1, 0):
-        j = 1 - i
-        if ins[i] and views[j][0].id not in known and (i == 1 or not ins[j]):
-            return i, views[i][0], views[i][1]
+        src, dmap = view_of(op.inputs[i], aliases)
+        if src.id in wset:
+            return i, src, dmap
     return None
 
 
 def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
-    cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values}
-    weights: list[int] = []  # value ids, in first-use order
+    """Weights: open inputs met (through casts, transposes, scans) as an operand of a dot: the
+    right one when both operands are inputs (``x @ w``; the left is then data), either one when
+    only it is an input and it was never the data side (``einsum`` may put the weight first:
+    ``dot_general(w, h)``; a tied ``wte.T``; but not ``x`` in a gradient's ``x.T @ g``)."""
+    roots = {v.id for v in ctx.graph.inputs}  # a class's other values (a weight's gradient...) follow it
+    cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values if vid in roots}
     al = scan_aliases(ctx.graph)
-    for op in ctx.graph.walk():
-        got = dot_weight(op, cls_of, al, weights)
-        if got is not None and got[1].id not in weights:
-            weights.append(got[1].id)
+    dots = [(op, [view_of(x, al)[0].id for x in op.inputs]) for op in ctx.graph.walk()
+            if op.prim == "dot_general" and len(op.inputs) == 2]
+    weights: list[int] = []  # value ids, in first-use order
+    acts: set = set()
+    for op, (lhs, rhs) in dots:
+        if lhs in cls_of and rhs in cls_of and lhs not in weights:
+            acts.add(lhs)
+            if rhs not in weights:
+                weights.append(rhs)
+    for op, (lhs, rhs) in dots:
+        for me, other in ((rhs, lhs), (lhs, rhs)):
+            if me in cls_of and other not in cls_of and me not in acts and me not in weights:
+                weights.append(me)
     wset = set(weights)
     weight_args = {lf.argnum for v, lf in zip(ctx.graph.inputs, ctx.leaves) if v.id in wset}
     data = [vid for v, lf in zip(ctx.graph.inputs, ctx.leaves) if (vid := v.id) in cls_of and vid not in wset
@@ -135,8 +144,8 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
     k = ctx.mesh.axis_size(axis)
     for op in ctx.graph.walk():
         ins_tainted = any(x.id in tainted for x in op.inputs)
-        got = dot_weight(op, cls_of, al)
-        if got is not None and got[1].id in wset:
+        got = weight_operand(op, wset, al)
+        if got is not None:
             i, src, dmap = got
             w, act = op.inputs[i], op.inputs[1 - i]
             c = cls_of[src.id]
@@ -163,14 +172,13 @@ def _fsdp(ctx, classes, cls_of, weights, data, axes) -> tuple:
     largest dim the searched axes divide together (kept sharded, gathered before use; its
     gradient, optimizer state and update follow: points.py groups them), data parallel."""
     state = list(_data_parallel(ctx, classes, cls_of, data, axes))
-    dset = set(data)
     k = 1
     for a in axes:
         k *= ctx.mesh.axis_size(a)
-    done = set()
-    for vid in list(weights) + [v for v in cls_of if v not in dset and v not in weights]:
+    done = {cls_of[v] for v in data}
+    for vid in list(weights) + [v for v in cls_of if v not in weights]:
         c = cls_of[vid]
-        if c in done or vid in dset:
+        if c in done:
             continue
         done.add(c)
         shape = classes[c].shape
@@ -188,9 +196,10 @@ def _expert(ctx, classes, cls_of, weights, data, axis) -> tuple:
     al = scan_aliases(ctx.graph)
     k = ctx.mesh.axis_size(axis)
     out = {}
+    wset = set(weights)
     for op in ctx.graph.walk():
-        got = dot_weight(op, cls_of, al)
-        if got is None or got[1].id not in set(weights):
+        got = weight_operand(op, wset, al)
+        if got is None:
             continue
         i, src, dmap = got
         (lc, rc), (lb, rb) = op.params["dimension_numbers"]
