@@ -49,6 +49,10 @@ class AutoResult:
     hardware_text: str = ""  # which hardware priced the plans, and why that one
 
     def report(self) -> str:
+        """The chosen plan beside the best candidates and every hand-written plan (predicted
+        step, peak memory, collectives), why it won, and how the search went (autoreport.py)."""
+        from .autoreport import report
+
         return report(self)
 
     def rules(self) -> list:
@@ -117,45 +121,3 @@ def _largest_bytes(args) -> int:
         if shape is not None and dtype is not None:
             out = max(out, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
     return out
-
-
-def report(res: AutoResult) -> str:
-    s = res.search
-    lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({res.hardware_text or s.hardware}): "
-             f"{s.explored} candidates, {s.programs} programs priced in {s.seconds:.2f} s; searched axes "
-             f"{', '.join(s.axes)}" + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
-    if s.stopped_by == "time":
-        lines.append(f"search stopped by the time cap (time_budget_s) before max_evaluations={s.max_evaluations}: "
-                     f"this result depends on the machine's speed; raise time_budget_s for a reproducible one")
-    elif s.stopped_by == "evaluations":
-        lines.append(f"search stopped at max_evaluations={s.max_evaluations} candidates (deterministic budget)")
-    if s.skipped:
-        n = sum(k for _, k in s.skipped)
-        lines.append(f"skipped {n} candidate{'s' if n != 1 else ''} the partitioner could not build: "
-                     + "; ".join(f"{k} x {r}" for r, k in s.skipped))
-    rows = [("plan", "step", "peak memory", "collectives", "bytes", "decisions")]
-    c = res.cost
-    rows.append(("chosen (built)", _ms(c.step_s), bytes_text(c.peak_memory_bytes), str(len(res.plan.collectives)),
-                 bytes_text(c.comm_bytes), s.best.text))
-    for i, cand in enumerate(s.top):
-        rows.append((f"candidate {i + 1}", _ms(cand.price.step_s), bytes_text(cand.price.peak_memory_bytes)
-                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), bytes_text(cand.price.comm_bytes),
-                     cand.text))
-    for name, cand in s.baselines:
-        rows.append((name, _ms(cand.price.step_s), bytes_text(cand.price.peak_memory_bytes)
-                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), bytes_text(cand.price.comm_bytes),
-                     "hand-written"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r[:5], widths)) + "  " + r[5])
-    lines.append("in_shardings: " + _tree_text(res.in_shardings))
-    return "\n".join(lines)
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.4g} ms"
-
-
-def _tree_text(t) -> str:
-    flat, _ = jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, P))
-    return ", ".join(f"{jax.tree_util.keystr(p) or '.'}: {x}" for p, x in flat)

@@ -119,3 +119,19 @@ def test_spatial_tiling_over_two_dims_start_state_runs():
     assert "spatial (batch x, H y)" in base
     assert res.cost.step_s <= hw.price.step_s * (1 + 1e-9)
     np.testing.assert_allclose(np.asarray(res.spmd(*args)), np.asarray(conv_net(*args)), rtol=1e-4, atol=1e-4)
+
+
+def test_report_sets_the_plan_beside_every_hand_plan_and_says_why():
+    mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
+    args = (S((4096, 512), f32), S((512, 2048), f32), S((2048, 512), f32))
+    from models import mlp
+
+    res = _search(mlp, mesh, *args)
+    text = res.report()
+    for name in ("replicated", "data parallel (x,y)", "FSDP (x,y)", "Megatron (y)", "data parallel (x) + Megatron (y)",
+                 "2D (x,y)"):
+        assert f"hand: {name} " in text, name
+    assert "why this plan: step" in text and "compute" in text and "communication" in text
+    assert "dominant terms: " in text and "dot_general" in text
+    assert ("vs the best hand-written plan that fits" in text) or ("it is the hand-written plan" in text)
+    assert "tactics=res.rules()" in text
