@@ -138,11 +138,17 @@ class _Search:
         self.cap = float("inf")  # evaluation cap, set when the restarts begin
         self._tty = sys.stderr.isatty()
         self.screen = SCREEN if screen is None else screen
-        self.tables = CostTables(ctx.graph, ctx.mesh, hw) if self.screen else None
+        self.tables = None
+        self.skipped: dict = {}  # reason -> candidates skipped for it
+        if self.screen:
+            try:
+                self.tables = CostTables(ctx.graph, ctx.mesh, hw)
+            except Exception as e:  # noqa: BLE001 - the tables only rank: search without them
+                self.skip(e)
+                self.screen = False
         self.tscore: dict = {}  # state -> the tables' score (pre-screen)
         self.screened = 0  # states ranked by the tables
         self.max_evaluations = int(max_evaluations)
-        self.skipped: dict = {}  # reason -> candidates skipped for it
         self.stopped_by = ""
 
     # -- states ----------------------------------------------------------------------
@@ -417,6 +423,11 @@ def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_lim
 
     hw = hardware or Hardware.preset("h100-node")
     s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
-    baselines = [(name, s.canon(st)) for name, st in baseline_states(ctx, s.classes, tuple(axes))]
+    try:
+        states = baseline_states(ctx, s.classes, tuple(axes))
+    except Exception as e:  # noqa: BLE001 - the hand plans are starting points: search from nothing
+        s.skip(e)
+        states = [("replicated", ())]
+    baselines = [(name, s.canon(st)) for name, st in states]
     baselines = [(n, st) for n, st in baselines if s.decisions(st) is not None]
     return s.run(baselines)

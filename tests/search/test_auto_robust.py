@@ -214,3 +214,18 @@ def test_jax_shardings_carry_intermediate_constraints(monkeypatch):
     hlo = js.jit().lower(*args).as_text()
     assert hlo.count("sharding_constraint") + hlo.count("Sharding") >= len(js.constraints)
     np.testing.assert_allclose(np.asarray(js.jit()(*args)), np.asarray(mlp(*args)), rtol=2e-5, atol=2e-5)
+
+
+def test_failing_tables_and_start_states_are_not_fatal(monkeypatch):
+    from gspmd_py.search import optimizer as opt
+
+    def broken(*a, **k):
+        raise IndexError("injected: no tables")
+
+    monkeypatch.setattr(opt, "CostTables", broken)
+    monkeypatch.setattr(opt, "baseline_states", broken)
+    mesh = gp.Mesh((8,), ("m",))
+    res = _search(mlp, mesh, [S((16, 1024), f32), S((1024, 4096), f32), S((4096, 1024), f32)])
+    assert dict(res.search.baselines).keys() == {"replicated"}  # searched from nothing
+    assert res.cost.step_s <= res.search.baselines[0][1].price.step_s * (1 + 1e-9)
+    assert "IndexError: injected: no tables" in res.report()
