@@ -339,7 +339,10 @@ def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> Tacti
             for vid, d, a in rec.raw:
                 upto.setdefault(vid, [[] for _ in ctx.value(vid).shape])[d].append(a)
             ctx.decided = upto
-            price, _ = pricer.price(ctx.seeds())
+            try:
+                price, _ = pricer.price(ctx.seeds())
+            except Exception:  # noqa: BLE001 - the step after a tactic is only said: unknown, not fatal
+                continue
             ctx.log[i] = attrs.evolve(rec, step_s=price.step_s)
     finally:
         ctx.decided = full

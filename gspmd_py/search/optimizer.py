@@ -19,8 +19,9 @@ Method, deterministic for a seed:
    drops, first improvement in a seeded order;
 4. restarts: perturb the best state (drop an action, add a random one; ``random.Random(seed)``)
    and hill-climb (as 3); stop after 3 restarts without a better state, or once the restarts
-   have evaluated half as many new states as steps 1-3 did (a count, not a clock: the result
-   stays the same on a slower machine; the restarts add at most half the search's work).
+   have evaluated half as many new states (priced or ranked by the tables: each is propagated)
+   as steps 1-3 did (a count, not a clock: the result stays the same on a slower machine; the
+   restarts add at most half the search's work).
 
 Pre-screen (``SCREEN``, on by default; tables.py): in steps 2-4 a neighbour is first
 propagated and priced by the cost tables (per-op compute, per-edge resharding and per-result
@@ -63,7 +64,7 @@ from .tables import CostTables
 
 BEAM = 2
 PATIENCE = 3
-RESTART_SHARE = 0.5  # the restarts evaluate at most this share of the states steps 1-3 did
+RESTART_SHARE = 0.5  # the restarts evaluate (price or rank) at most this share of the states steps 1-3 did
 # the pre-screen (tables.py): neighbours are ranked by the cost tables over their propagation,
 # and only the best are priced for real: per beam round the SCREEN_BEAM best children, per
 # hill-climbing round moves in table order until SCREEN_CLIMB of them priced no better
@@ -190,11 +191,15 @@ class _Search:
         """Past a budget: ``max_evaluations`` states (deterministic), or the time cap (safety)."""
         if self.stopped_by:
             return True
-        if len(self.memo) + self.screened >= self.max_evaluations:
+        if self.work() >= self.max_evaluations:
             self.stopped_by = "evaluations"
         elif time.perf_counter() > self.deadline:
             self.stopped_by = "time"
         return bool(self.stopped_by)
+
+    def work(self) -> int:
+        """Candidate states evaluated so far: priced, plus ranked by the tables (each propagated)."""
+        return len(self.memo) + self.screened
 
     def skip(self, e: BaseException) -> None:
         """Count a candidate the partitioner could not build (by the error's type and first line)."""
@@ -317,9 +322,9 @@ class _Search:
 
     def restarts(self) -> None:
         stale = 0
-        cap = int(RESTART_SHARE * len(self.memo)) + len(self.memo)
+        cap = int(RESTART_SHARE * self.work()) + self.work()
         self.cap = cap
-        while stale < PATIENCE and not self.out_of_time() and len(self.memo) < cap:
+        while stale < PATIENCE and not self.out_of_time() and self.work() < cap:
             best_score, best, _ = self.best()
             state = list(best.actions)
             if state and self.rng.random() < 0.7:
@@ -334,7 +339,7 @@ class _Search:
         """First-improvement hill climbing over add / drop moves, in a seeded random order
         (stops early once the restarts' evaluation cap is reached)."""
         improved = True
-        while improved and not self.out_of_time() and len(self.memo) < self.cap:
+        while improved and not self.out_of_time() and self.work() < self.cap:
             improved = False
             moves = [("add", a) for a in self.actions if self.legal(cur[1].actions, a)]
             moves += [("drop", a) for a in cur[1].actions]
@@ -343,7 +348,7 @@ class _Search:
                 cur, improved = self._climb_screened(cur, moves)
                 continue
             for kind, a in moves:
-                if self.out_of_time() or len(self.memo) >= self.cap:
+                if self.out_of_time() or self.work() >= self.cap:
                     break
                 acts = cur[1].actions
                 nxt = acts + (a,) if kind == "add" else tuple(x for x in acts if x != a)
@@ -364,7 +369,7 @@ class _Search:
         misses = 0
         for i in range(0, len(states), SCREEN_CHUNK):
             for st, prop in self.rank(states[i:i + SCREEN_CHUNK]):
-                if self.out_of_time() or len(self.memo) >= self.cap:
+                if self.out_of_time() or self.work() >= self.cap:
                     return cur, False
                 if not self.tscore[st] < here:
                     break
