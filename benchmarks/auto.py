@@ -187,7 +187,7 @@ def _searched(fn, mesh, args, hw, budget: float, screen: bool):
 
 def _ab_cells(before, after, budget: float) -> list[str]:
     (rb, tb), (ra, ta) = before, after
-    cut = lambda r: " (budget reached)" if r.search.seconds >= budget else ""
+    cut = lambda r: f" ({r.search.stopped_by} budget reached)" if r.search.stopped_by else ""
     pb, pa = rb.cost.step_s, ra.cost.step_s
     verdict = ("same plan" if rb.search.best.actions == ra.search.best.actions
                else "better" if pa < pb * (1 - 1e-9) else "equal step" if pa <= pb * (1 + 1e-9) else "WORSE")

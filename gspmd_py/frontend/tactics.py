@@ -197,6 +197,7 @@ class Auto:
     memory_limit: Optional[float] = None
     time_budget_s: float = 30.0
     seed: int = 0
+    max_evaluations: Optional[int] = None  # None: the search's default (optimizer.MAX_EVALUATIONS)
 
     def __str__(self) -> str:
         return "auto(" + ", ".join(repr(a) for a in self.axes_) + ")"
@@ -212,8 +213,11 @@ class Auto:
         for n in names:
             _axis(ctx, n, str(self))
         before = _snapshot(ctx)
+        from ..search.optimizer import MAX_EVALUATIONS
+
+        evals = MAX_EVALUATIONS if self.max_evaluations is None else self.max_evaluations
         result = search(ctx, names, hardware=self.hardware, memory_limit=self.memory_limit,
-                        time_budget_s=self.time_budget_s, seed=self.seed, who=str(self))
+                        time_budget_s=self.time_budget_s, seed=self.seed, who=str(self), max_evaluations=evals)
         for vid, dims in result.decisions.items():
             v = ctx.value(vid)
             for d, axes in enumerate(dims):
@@ -281,9 +285,12 @@ def zero(axis: str, argnums=(0,)) -> Zero:
     return Zero(_check_axis_name(axis, "gp.tactics.zero"), _argnums(argnums, "gp.tactics.zero"))
 
 
-def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30, seed: int = 0) -> Auto:
+def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30, seed: int = 0,
+         max_evaluations: Optional[int] = None) -> Auto:
     """Search the shardings over ``axes`` (default: every axis no earlier tactic named); see
-    gspmd_py/search/optimizer.py. ``hardware=None``: ``gp.Hardware.preset("h100-node")``."""
+    gspmd_py/search/optimizer.py. ``hardware=None``: ``gp.Hardware.preset("h100-node")``.
+    ``max_evaluations``: the deterministic budget (candidate states); ``time_budget_s`` a
+    safety cap (a search that hits it depends on the machine's speed, and its report says so)."""
     from ..cost import Hardware
 
     for a in axes:
@@ -294,7 +301,9 @@ def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30
         raise TacticError(f"gp.tactics.auto: memory_limit must be a positive number of bytes, got {memory_limit!r}")
     if not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):
         raise TacticError(f"gp.tactics.auto: time_budget_s must be positive, got {time_budget_s!r}")
-    return Auto(tuple(axes), hardware, memory_limit, float(time_budget_s), int(seed))
+    if max_evaluations is not None and not (isinstance(max_evaluations, int) and max_evaluations > 0):
+        raise TacticError(f"gp.tactics.auto: max_evaluations must be a positive int, got {max_evaluations!r}")
+    return Auto(tuple(axes), hardware, memory_limit, float(time_budget_s), int(seed), max_evaluations)
 
 
 def check_tactics(tactics) -> tuple:
@@ -330,7 +339,10 @@ def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> Tacti
             for vid, d, a in rec.raw:
                 upto.setdefault(vid, [[] for _ in ctx.value(vid).shape])[d].append(a)
             ctx.decided = upto
-            price, _ = pricer.price(ctx.seeds())
+            try:
+                price, _ = pricer.price(ctx.seeds())
+            except Exception:  # noqa: BLE001 - the step after a tactic is only said: unknown, not fatal
+                continue
             ctx.log[i] = attrs.evolve(rec, step_s=price.step_s)
     finally:
         ctx.decided = full

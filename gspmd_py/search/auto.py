@@ -6,11 +6,21 @@
     res.cost.step_s       # the chosen plan, built and costed for real
     print(res.report())   # the best candidates beside replicated / data parallel / Megatron
     out = res.spmd(params, batch)   # runs exactly res.plan
+    # the plan as data: gp.spmd builds the same program from it (no search)
+    f = gp.spmd(train_step, mesh, in_shardings=res.in_shardings, out_shardings=res.out_shardings,
+                tactics=res.rules())
 
 It is ``gp.spmd(fn, mesh, in_shardings, out_shardings, tactics=[gp.tactics.auto(...)])``
 planned once: the search (optimizer.py) decides over every mesh axis, keeping the fixed
 parts of ``in_shardings``; ``res.spmd`` replays its decisions (intermediate annotations
-included) without searching again.
+included) without searching again, and so does ``gp.spmd`` given ``res.rules()`` (a tactics
+list holding the decisions as plain data: value id, shape and mesh axes per dim), with or
+without ``res.in_shardings`` / ``res.out_shardings``.
+
+The result depends only on the function, the arguments' shapes, the mesh, the hardware and
+the seed: the search stops after ``max_evaluations`` candidates (optimizer.py), and
+``time_budget_s`` is a safety cap that ``res.report()`` mentions when it cut the search
+short. Candidates the partitioner cannot build are skipped and counted in the report.
 """
 from __future__ import annotations
 
@@ -35,9 +45,30 @@ class AutoResult:
     explored: int
     search: SearchResult
     spmd: Any  # gp.Spmd running plan
+    decided: Any = None  # the Decided tactic replaying the search's decisions
+    hardware_text: str = ""  # which hardware priced the plans, and why that one
 
     def report(self) -> str:
+        """The chosen plan beside the best candidates and every hand-written plan (predicted
+        step, peak memory, collectives), why it won, and how the search went (autoreport.py)."""
+        from .autoreport import report
+
         return report(self)
+
+    def rules(self) -> list:
+        """The plan as a tactics list for ``gp.spmd(fn, mesh, tactics=res.rules())``: the
+        search's decisions (inputs and intermediate annotations) as data, replayed as they
+        were made; with ``in_shardings=res.in_shardings, out_shardings=res.out_shardings``
+        too, gp.spmd builds the same program."""
+        return [self.decided]
+
+    def jax_shardings(self):
+        """The plan for ``jax.jit``'s own partitioner: NamedSharding trees for the inputs and
+        outputs, the intermediate annotations as constraints, and the program with them in
+        (search/jaxrun.py): ``js = res.jax_shardings(); js.jit()(*args)``."""
+        from .jaxrun import jax_shardings
+
+        return jax_shardings(self.plan, [vid for vid, _, _ in self.decided.decisions])
 
 
 def _spec(sharding) -> P:
@@ -46,17 +77,23 @@ def _spec(sharding) -> P:
 
 def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings=None, hardware=None,
                memory_limit: Optional[float] = None, time_budget_s: float = 30, seed: int = 0, static_argnums=(),
-               donate_argnums=()) -> AutoResult:
+               donate_argnums=(), max_evaluations: Optional[int] = None) -> AutoResult:
     """Search shardings for ``fn(*args)`` over every axis of ``mesh`` (``args``: arrays or
     jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
-    ``hardware=None``: ``gp.Hardware.preset("h100-node")``. Raises ``MemoryLimitError`` (a
+    ``hardware=None``: the mesh's devices' (cost/machine.py: a GPU's or TPU's preset, CPU
+    devices calibrated once and cached on disk; an abstract mesh: h100-node). Raises ``MemoryLimitError`` (a
     gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
     from ..frontend.api import Spmd
-    from ..cost import Hardware
+    from ..cost.machine import default_hardware
     from ..frontend.tactics import Decided, auto
 
-    hw = hardware or Hardware.preset("h100-node")
-    tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed)
+    if hardware is not None:
+        hw, hw_text = hardware, f"hardware {hardware.name} (given)"
+    else:
+        hw, how = default_hardware(mesh, _largest_bytes(args))
+        hw_text = f"hardware {hw.name}: {how}"
+    tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
+               max_evaluations=max_evaluations)
     f = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums, donate_argnums=donate_argnums,
              tactics=[tac])
     plan = f.plan(*args)
@@ -65,45 +102,22 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     decisions = tuple((vid, plan.prop.values[vid].shape, tuple(tuple(a.name if a.whole else str(a) for a in d)
                                                                  for d in dims))
                       for vid, dims in sorted(result.decisions.items()))
+    decided = Decided(decisions, str(tac))
     replay = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums,
-                  donate_argnums=donate_argnums, tactics=[Decided(decisions, str(tac))])
+                  donate_argnums=donate_argnums, tactics=[decided])
     replay._entries = f._entries  # the plan is built: the replay runs it (other signatures replay the decisions)
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
-    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay)
+    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text)
 
 
-def report(res: AutoResult) -> str:
-    s = res.search
-    lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({s.hardware}): {s.explored} candidates, "
-             f"{s.programs} programs priced in {s.seconds:.2f} s; searched axes {', '.join(s.axes)}"
-             + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
-    rows = [("plan", "step", "peak memory", "collectives", "bytes", "decisions")]
-    c = res.cost
-    rows.append(("chosen (built)", _ms(c.step_s), bytes_text(c.peak_memory_bytes), str(len(res.plan.collectives)),
-                 bytes_text(c.comm_bytes), s.best.text))
-    for i, cand in enumerate(s.top):
-        rows.append((f"candidate {i + 1}", _ms(cand.price.step_s), bytes_text(cand.price.peak_memory_bytes)
-                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), bytes_text(cand.price.comm_bytes),
-                     cand.text))
-    for name, cand in s.baselines:
-        rows.append((name, _ms(cand.price.step_s), bytes_text(cand.price.peak_memory_bytes)
-                     + ("" if cand.fits else " (over)"), str(cand.price.collectives), bytes_text(cand.price.comm_bytes),
-                     "hand-written"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r[:5], widths)) + "  " + r[5])
-    if s.unbuildable:
-        lines.append(f"skipped: {s.unbuildable} candidate program(s) the partitioner could not build "
-                     f"(the first: {s.first_failure})")
-    lines.append("in_shardings: " + _tree_text(res.in_shardings))
-    return "\n".join(lines)
+def _largest_bytes(args) -> int:
+    """The largest argument's bytes: about the largest collective the program can move."""
+    import numpy as np
 
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.4g} ms"
-
-
-def _tree_text(t) -> str:
-    flat, _ = jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, P))
-    return ", ".join(f"{jax.tree_util.keystr(p) or '.'}: {x}" for p, x in flat)
+    out = 0
+    for x in jax.tree_util.tree_leaves(args):
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if shape is not None and dtype is not None:
+            out = max(out, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return out

@@ -7,15 +7,21 @@
   (column parallel: the result is split), else on its contracting dim (row parallel: the
   result is a partial sum, one all-reduce); over the last searched axis;
 * data parallel + Megatron on 2+ axes: data over the first axes, Megatron over the last;
+* FSDP / ZeRO-3 over every searched axis (each weight split on its largest dim, data
+  parallel), and on 2+ axes data parallel over all with FSDP over the last;
+* expert parallelism: weights with a batch dim in their dot (``[e, ...]``) split on it;
+* sequence parallelism + Megatron on 2+ axes: data ``[b, t, ...]`` split on t over the last axis;
+* spatial (rank-4 data): batch and H, or H and W (tiling over two dims) over the first and last axes;
 * 2D (GSPMD paper's 2D weight sharding, its DenseLm plan) on 2+ axes: Megatron over the
   last axis, every such weight's largest other dim over the first axis, and the data's
   leading dim over the first axis and its last (model) dim over the last axis
   (``wi [M, H]: P("x", "y")``, ``wo [H, M]: P("y", "x")``, ``x [B, L, M]: P("x", None, "y")``).
 
 Data inputs are those whose leading dim is the batch (the leading dim most data bytes
-share). Weights are inputs met, possibly through a cast (``w.astype(bf16)``) or a scan (a stacked
-``[L, ...]`` weight sliced per iteration: the decision goes to the stacked input, one dim
-further), as the right operand of a matmul; data are the other inputs (but not the leaves of a first argument that holds
+share). Weights are inputs met, possibly through a cast (``w.astype(bf16)``), a transpose (a tied
+``wte.T``) or a scan (a stacked ``[L, ...]`` weight sliced per iteration: the decision goes to
+the stacked input, one dim further), as an operand of a dot (``_roles``: the right one
+when both are inputs, either when only one is); data are the other inputs (but not the leaves of a first argument that holds
 weights: ``fn(params, *batch)``).
 """
 from __future__ import annotations
@@ -49,29 +55,58 @@ def scan_aliases(graph) -> dict:
     return out
 
 
-def source(v, aliases=None):
-    """``v`` seen through casts and scans: the weight behind ``w.astype(bf16)`` or behind a
-    scan body's slice of a stacked weight; returns (value, leading dims the view drops)."""
-    off = 0
+def view_of(v, aliases=None):
+    """``v`` seen through casts, transposes and scans: (the value behind it, per dim of ``v``
+    the dim of that value it is: ``wte.T``'s dim 0 is ``wte``'s dim 1, a scan body's slice
+    of a stacked ``[L, ...]`` weight is one dim further)."""
+    dmap = list(range(v.rank))
     while True:
         if aliases and v.id in aliases:
             v, o = aliases[v.id]
-            off += o
+            dmap = [d + o for d in dmap]
         elif v.producer is not None and v.producer.prim in CASTS and len(v.producer.inputs) == 1:
             v = v.producer.inputs[0]
+        elif v.producer is not None and v.producer.prim == "transpose" and len(v.producer.inputs) == 1:
+            perm = v.producer.params["permutation"]
+            dmap = [perm[d] for d in dmap]
+            v = v.producer.inputs[0]
         else:
-            return v, off
+            return v, dmap
+
+
+def weight_operand(op, wset, aliases):
+    """The operand of a dot_general that is one of the weights ``wset`` (value ids, seen through
+    casts, transposes, scans; the right one when both are): (index, source value, dim map) or None."""
+    if op.prim != "dot_general" or len(op.inputs) != 2:
+        return None
+    for i in (1, 0):
+        src, dmap = view_of(op.inputs[i], aliases)
+        if src.id in wset:
+            return i, src, dmap
+    return None
 
 
 def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
-    cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values}
-    weights: list[int] = []  # value ids, in first-use order
+    """Weights: open inputs met (through casts, transposes, scans) as an operand of a dot: the
+    right one when both operands are inputs (``x @ w``; the left is then data), either one when
+    only it is an input and it was never the data side (``einsum`` may put the weight first:
+    ``dot_general(w, h)``; a tied ``wte.T``; but not ``x`` in a gradient's ``x.T @ g``)."""
+    roots = {v.id for v in ctx.graph.inputs}  # a class's other values (a weight's gradient...) follow it
+    cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values if vid in roots}
     al = scan_aliases(ctx.graph)
-    for op in ctx.graph.walk():
-        if op.prim == "dot_general" and len(op.inputs) == 2:
-            lhs, rhs = source(op.inputs[0], al)[0], source(op.inputs[1], al)[0]
-            if rhs.id in cls_of and rhs.id not in weights and lhs.id not in weights:
-                weights.append(rhs.id)
+    dots = [(op, [view_of(x, al)[0].id for x in op.inputs]) for op in ctx.graph.walk()
+            if op.prim == "dot_general" and len(op.inputs) == 2]
+    weights: list[int] = []  # value ids, in first-use order
+    acts: set = set()
+    for op, (lhs, rhs) in dots:
+        if lhs in cls_of and rhs in cls_of and lhs not in weights:
+            acts.add(lhs)
+            if rhs not in weights:
+                weights.append(rhs)
+    for op, (lhs, rhs) in dots:
+        for me, other in ((rhs, lhs), (lhs, rhs)):
+            if me in cls_of and other not in cls_of and me not in acts and me not in weights:
+                weights.append(me)
     wset = set(weights)
     weight_args = {lf.argnum for v, lf in zip(ctx.graph.inputs, ctx.leaves) if v.id in wset}
     data = [vid for v, lf in zip(ctx.graph.inputs, ctx.leaves) if (vid := v.id) in cls_of and vid not in wset
@@ -107,28 +142,102 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
     decided: dict[int, tuple] = {}  # class -> action
     tainted: set[int] = set()
     al = scan_aliases(ctx.graph)
+    k = ctx.mesh.axis_size(axis)
     for op in ctx.graph.walk():
         ins_tainted = any(x.id in tainted for x in op.inputs)
-        if op.prim == "dot_general" and len(op.inputs) == 2 and source(op.inputs[1], al)[0].id in wset:
-            lhs, rhs = op.inputs[0], op.inputs[1]
-            src, off = source(rhs, al)
+        got = weight_operand(op, wset, al)
+        if got is not None:
+            i, src, dmap = got
+            w, act = op.inputs[i], op.inputs[1 - i]
             c = cls_of[src.id]
             (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+            wc, wb = (rc, rb) if i == 1 else (lc, lb)
             if c not in decided:
-                k = ctx.mesh.axis_size(axis)
-                if lhs.id in tainted:  # row parallel: split the contracting dim
-                    dims = [d for d in rc if rhs.shape[d] % k == 0]
+                if act.id in tainted:  # row parallel: split the contracting dim
+                    dims = [d for d in wc if w.shape[d] % k == 0]
                     if dims:
-                        decided[c] = (c, dims[0] + off, axis)
+                        decided[c] = (c, dmap[dims[0]], axis)
                     continue  # the result is a partial sum: reduced, not split
-                dims = [d for d in range(rhs.rank) if d not in rc and d not in rb and rhs.shape[d] % k == 0]
+                dims = [d for d in range(w.rank) if d not in wc and d not in wb and w.shape[d] % k == 0]
                 if dims:
-                    decided[c] = (c, dims[0] + off, axis)
+                    decided[c] = (c, dmap[dims[0]], axis)
                     tainted.update(o.id for o in op.outputs)
                 continue
         if ins_tainted:
             tainted.update(o.id for o in op.outputs)
     return tuple(decided.values())
+
+
+def _fsdp(ctx, classes, cls_of, weights, data, axes) -> tuple:
+    """FSDP / ZeRO-3: every weight (and every other open input that is no data) split on its
+    largest dim the searched axes divide together (kept sharded, gathered before use; its
+    gradient, optimizer state and update follow: points.py groups them), data parallel."""
+    state = list(_data_parallel(ctx, classes, cls_of, data, axes))
+    k = 1
+    for a in axes:
+        k *= ctx.mesh.axis_size(a)
+    done = {cls_of[v] for v in data}
+    for vid in list(weights) + [v for v in cls_of if v not in weights]:
+        c = cls_of[vid]
+        if c in done:
+            continue
+        done.add(c)
+        shape = classes[c].shape
+        dims = [d for d in range(len(shape)) if shape[d] % k == 0 and shape[d] >= k]
+        if not dims:
+            continue
+        d = max(dims, key=lambda e: (shape[e], -e))
+        state.extend((c, d, a) for a in axes)
+    return tuple(state)
+
+
+def _expert(ctx, classes, cls_of, weights, data, axis) -> tuple:
+    """Expert parallelism: weights with a batch dim in their dot (``[e, d, f]`` in
+    ``einsum("egcm,emh->egch")``) split on it over ``axis``."""
+    al = scan_aliases(ctx.graph)
+    k = ctx.mesh.axis_size(axis)
+    out = {}
+    wset = set(weights)
+    for op in ctx.graph.walk():
+        got = weight_operand(op, wset, al)
+        if got is None:
+            continue
+        i, src, dmap = got
+        (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+        wb = rb if i == 1 else lb
+        c = cls_of[src.id]
+        dims = [d for d in wb if op.inputs[i].shape[d] % k == 0]
+        if dims and c not in out:
+            out[c] = (c, dmap[dims[0]], axis)
+    return tuple(out.values())
+
+
+def _spatial(ctx, classes, cls_of, data, first: str, last: str, hw: bool) -> tuple:
+    """Rank-4 data (NHWC): batch over ``first`` and H over ``last``, or (``hw``) H over
+    ``first`` and W over ``last`` (spatial tiling over two dims)."""
+    state = []
+    for vid in data:
+        c = cls_of[vid]
+        shape = classes[c].shape
+        if len(shape) != 4:
+            continue
+        plan = ((1, first), (2, last)) if hw else ((0, first), (1, last))
+        for d, a in plan:
+            if shape[d] % ctx.mesh.axis_size(a) == 0 and shape[d] >= ctx.mesh.axis_size(a):
+                state.append((c, d, a))
+    return tuple(state)
+
+
+def _sequence(ctx, classes, cls_of, data, axes) -> tuple:
+    """Sequence parallelism: data ``[b, t, ...]`` split on t over the last axis, batch over the others."""
+    state = list(_data_parallel(ctx, classes, cls_of, data, axes[:-1]))
+    k = ctx.mesh.axis_size(axes[-1])
+    for vid in data:
+        c = cls_of[vid]
+        shape = classes[c].shape
+        if len(shape) >= 3 and shape[1] % k == 0 and shape[1] >= k:
+            state.append((c, 1, axes[-1]))
+    return tuple(state)
 
 
 def _two_d(ctx, classes, cls_of, data, meg, first: str, last: str) -> tuple:
@@ -158,6 +267,12 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
     out = [("replicated", ())]
     if data:
         out.append((f"data parallel ({','.join(axes)})", _data_parallel(ctx, classes, cls_of, data, axes)))
+    if weights or len(cls_of) > len(data):
+        out.append((f"FSDP ({','.join(axes)})", _fsdp(ctx, classes, cls_of, weights, data, axes)))
+        if len(axes) > 1 and data:
+            fs = _fsdp(ctx, classes, cls_of, weights, [], axes[-1:])
+            out.append((f"data parallel ({','.join(axes[:-1])}) + FSDP ({axes[-1]})",
+                        _data_parallel(ctx, classes, cls_of, data, axes) + fs))
     if weights:
         meg = _megatron(ctx, classes, cls_of, weights, axes[-1])
         if meg:
@@ -165,6 +280,24 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
             if len(axes) > 1 and data:
                 dp = _data_parallel(ctx, classes, cls_of, data, axes[:-1])
                 out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]})", dp + meg))
+                seq = _sequence(ctx, classes, cls_of, data, axes)
+                if any(d == 1 for _, d, _ in seq):
+                    out.append((f"Megatron + sequence parallel ({axes[-1]})", seq + meg))
             if len(axes) > 1:
                 out.append((f"2D ({axes[0]},{axes[-1]})", _two_d(ctx, classes, cls_of, data, meg, axes[0], axes[-1])))
-    return [(n, s) for n, s in out if n == "replicated" or s]
+        ex = _expert(ctx, classes, cls_of, weights, data, axes[-1])
+        if ex:
+            dp = _data_parallel(ctx, classes, cls_of, data, axes[-1:])
+            out.append((f"expert parallel ({axes[-1]})", dp + ex))
+    if data and any(len(classes[cls_of[v]].shape) == 4 for v in data) and len(axes) > 1:
+        out.append((f"spatial (batch {axes[0]}, H {axes[-1]})", _spatial(ctx, classes, cls_of, data, axes[0], axes[-1],
+                                                                         False)))
+        out.append((f"spatial (H {axes[0]}, W {axes[-1]})", _spatial(ctx, classes, cls_of, data, axes[0], axes[-1],
+                                                                     True)))
+    seen, uniq = set(), []
+    for n, st in out:
+        key = tuple(sorted(set(st)))
+        if (n == "replicated" or st) and key not in seen:
+            seen.add(key)
+            uniq.append((n, tuple(dict.fromkeys(st))))
+    return uniq

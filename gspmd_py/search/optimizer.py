@@ -19,8 +19,9 @@ Method, deterministic for a seed:
    drops, first improvement in a seeded order;
 4. restarts: perturb the best state (drop an action, add a random one; ``random.Random(seed)``)
    and hill-climb (as 3); stop after 3 restarts without a better state, or once the restarts
-   have evaluated half as many new states as steps 1-3 did (a count, not a clock: the result
-   stays the same on a slower machine; the restarts add at most half the search's work).
+   have evaluated half as many new states (priced or ranked by the tables: each is propagated)
+   as steps 1-3 did (a count, not a clock: the result stays the same on a slower machine; the
+   restarts add at most half the search's work).
 
 Pre-screen (``SCREEN``, on by default; tables.py): in steps 2-4 a neighbour is first
 propagated and priced by the cost tables (per-op compute, per-edge resharding and per-result
@@ -31,9 +32,16 @@ those the tables predict better than the current state are priced in the tables'
 first that prices better wins, and the round gives up after ``SCREEN_CLIMB`` priced no better.
 Every score the search keeps is the traced pricer's; the tables only choose what to price.
 
-The time budget is a hard stop checked between candidates (a budget that cuts the search
-short makes the result depend on the machine's speed; the defaults leave room). Progress
-goes to stderr when it is a terminal and the search runs longer than 2 s.
+Budgets. The search stops after ``max_evaluations`` candidate states (those priced plus those
+the tables ranked): a count, so the result depends only on the program, the hardware and the
+seed, never on the machine's speed or load. ``time_budget_s`` stays as a safety cap checked
+between candidates; a search that hits it says so in ``res.report()`` (its result then
+depends on the machine's speed). Progress goes to stderr when it is a terminal and the
+search runs longer than 2 s.
+
+Robustness: a candidate whose propagation or per-device program fails (the partitioner
+cannot build it) is skipped, never fatal: it scores worse than any built one, and the
+result counts the skips by reason (``SearchResult.skipped``, said in ``res.report()``).
 
 ``hardware=None``: ``gp.Hardware.preset("h100-node")`` (8 H100s on NVLink), a fixed preset
 so that a plan does not depend on the machine it was searched on.
@@ -56,7 +64,7 @@ from .tables import CostTables
 
 BEAM = 2
 PATIENCE = 3
-RESTART_SHARE = 0.5  # the restarts evaluate at most this share of the states steps 1-3 did
+RESTART_SHARE = 0.5  # the restarts evaluate (price or rank) at most this share of the states steps 1-3 did
 # the pre-screen (tables.py): neighbours are ranked by the cost tables over their propagation,
 # and only the best are priced for real: per beam round the SCREEN_BEAM best children, per
 # hill-climbing round moves in table order until SCREEN_CLIMB of them priced no better
@@ -64,6 +72,7 @@ SCREEN = True
 SCREEN_BEAM = 3 * BEAM
 SCREEN_CLIMB = 3
 SCREEN_CHUNK = 8
+MAX_EVALUATIONS = 2000  # default deterministic budget: candidate states priced or ranked
 
 Action = tuple  # (class index, dim, axis name)
 
@@ -80,6 +89,7 @@ class Candidate:
     text: str
     price: Price
     fits: bool
+    built: bool = True  # False: the partitioner could not build it (skipped; SearchResult.skipped)
 
 
 @attrs.frozen
@@ -96,8 +106,9 @@ class SearchResult:
     memory_limit: Optional[float]
     classes: tuple[PointClass, ...]
     screened: int = 0  # states the cost tables ranked (the pre-screen; tables.py)
-    unbuildable: int = 0  # candidates' programs the partitioner could not build (skipped)
-    first_failure: str = ""  # what failed in the first of them
+    skipped: tuple[tuple[str, int], ...] = ()  # (reason, candidates) the partitioner could not build
+    stopped_by: str = ""  # "" (converged), "evaluations" (max_evaluations) or "time" (time_budget_s)
+    max_evaluations: int = MAX_EVALUATIONS
 
 
 def bytes_text(b: float) -> str:
@@ -110,7 +121,7 @@ def bytes_text(b: float) -> str:
 
 class _Search:
     def __init__(self, ctx: TacticContext, axes: Sequence[str], hw, memory_limit, budget: float, seed: int,
-                 who: str, screen: Optional[bool] = None):
+                 who: str, screen: Optional[bool] = None, max_evaluations: int = MAX_EVALUATIONS):
         self.ctx, self.axes, self.hw = ctx, tuple(axes), hw
         self.memory_limit = memory_limit
         self.t0 = time.perf_counter()
@@ -128,9 +139,18 @@ class _Search:
         self.cap = float("inf")  # evaluation cap, set when the restarts begin
         self._tty = sys.stderr.isatty()
         self.screen = SCREEN if screen is None else screen
-        self.tables = CostTables(ctx.graph, ctx.mesh, hw) if self.screen else None
+        self.tables = None
+        self.skipped: dict = {}  # reason -> candidates skipped for it
+        if self.screen:
+            try:
+                self.tables = CostTables(ctx.graph, ctx.mesh, hw)
+            except Exception as e:  # noqa: BLE001 - the tables only rank: search without them
+                self.skip(e)
+                self.screen = False
         self.tscore: dict = {}  # state -> the tables' score (pre-screen)
         self.screened = 0  # states ranked by the tables
+        self.max_evaluations = int(max_evaluations)
+        self.stopped_by = ""
 
     # -- states ----------------------------------------------------------------------
     def canon(self, state) -> tuple:
@@ -161,25 +181,51 @@ class _Search:
         parts = []
         for c, d, a in state:
             pc = self.classes[c]
-            n = f" (x{len(pc.values)})" if len(pc.values) > 1 else ""
+            k = pc.roots or len(pc.values)
+            n = f" (x{k})" if k > 1 else ""
             parts.append(f"{pc.what}{n} dim {d} on {a}")
         return "; ".join(parts)
 
     # -- pricing ----------------------------------------------------------------------
     def out_of_time(self) -> bool:
-        return time.perf_counter() > self.deadline
+        """Past a budget: ``max_evaluations`` states (deterministic), or the time cap (safety)."""
+        if self.stopped_by:
+            return True
+        if self.work() >= self.max_evaluations:
+            self.stopped_by = "evaluations"
+        elif time.perf_counter() > self.deadline:
+            self.stopped_by = "time"
+        return bool(self.stopped_by)
+
+    def work(self) -> int:
+        """Candidate states evaluated so far: priced, plus ranked by the tables (each propagated)."""
+        return len(self.memo) + self.screened
+
+    def skip(self, e: BaseException) -> None:
+        """Count a candidate the partitioner could not build (by the error's type and first line)."""
+        line = (str(e).strip().splitlines() or [""])[0]
+        reason = f"{type(e).__name__}: {line[:160]}" if line else type(e).__name__
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def evaluate(self, state, prop=None) -> tuple:
         state = self.canon(state)
         got = self.memo.get(state)
         if got is not None:
             return got
-        price, _ = self.pricer.price(self.seeds(state), prop)
+        try:
+            price, _ = self.pricer.price(self.seeds(state), prop)
+            key = self.pricer.last_key
+        except Exception as e:  # noqa: BLE001 - any failure to build a candidate skips it
+            self.skip(e)
+            price, key = Price(float("inf"), 0, 0.0, 0), ("unbuildable", state)
+            cand = Candidate(state, self.describe(state), price, False, built=False)
+            got = self.memo[state] = ((2, state), cand, key)
+            return got
         fits = self.memory_limit is None or price.peak_memory_bytes <= self.memory_limit
-        score = ((2, len(state)) if price.failed else (0, price.step_s, price.comm_bytes, len(state)) if fits
+        score = ((0, price.step_s, price.comm_bytes, len(state)) if fits
                  else (1, price.peak_memory_bytes, price.step_s, len(state)))
         cand = Candidate(state, self.describe(state), price, fits)
-        got = self.memo[state] = (score, cand, self.pricer.last_key)
+        got = self.memo[state] = (score, cand, key)
         self.progress()
         return got
 
@@ -197,11 +243,23 @@ class _Search:
                 continue
             if self.out_of_time():
                 break
-            props[st] = self.pricer.propagate(self.seeds(st))
+            try:
+                props[st] = self.pricer.propagate(self.seeds(st))
+            except Exception as e:  # noqa: BLE001 - any failure skips the candidate
+                self.skip(e)
+                self.memo[st] = ((2, st), Candidate(st, self.describe(st), Price(float("inf"), 0, 0.0, 0), False,
+                                                    built=False), ("unbuildable", st))
+                self.tscore[st] = (3, st)
+                self.screened += 1
+                continue
             if st not in self.tscore:
                 todo.append(st)
         if todo:
-            tab = self.tables.price([props[st] for st in todo])
+            try:
+                tab = self.tables.price([props[st] for st in todo])
+            except Exception as e:  # noqa: BLE001 - the tables only rank: fall back to program order
+                self.skip(e)
+                tab = [(0.0, 0.0)] * len(todo)
             for st, (sec, nb) in zip(todo, tab):
                 fits = self.memory_limit is None or self.tables.argument_bytes(props[st]) <= self.memory_limit
                 self.tscore[st] = (0, sec, nb, len(st)) if fits else (1, sec, nb, len(st))
@@ -228,11 +286,7 @@ class _Search:
         return min(self.memo.values(), key=lambda g: g[0])
 
     def beam(self, starts, actions) -> None:
-        beam = []
-        for s in starts:
-            if self.out_of_time():
-                break
-            beam.append(self.evaluate(s))
+        beam = [self.evaluate(s) for s in starts]  # always priced, whatever the budgets: the answer's floor
         beam = self._top(beam)
         while beam and not self.out_of_time():
             children = []
@@ -268,9 +322,9 @@ class _Search:
 
     def restarts(self) -> None:
         stale = 0
-        cap = int(RESTART_SHARE * len(self.memo)) + len(self.memo)
+        cap = int(RESTART_SHARE * self.work()) + self.work()
         self.cap = cap
-        while stale < PATIENCE and not self.out_of_time() and len(self.memo) < cap:
+        while stale < PATIENCE and not self.out_of_time() and self.work() < cap:
             best_score, best, _ = self.best()
             state = list(best.actions)
             if state and self.rng.random() < 0.7:
@@ -285,7 +339,7 @@ class _Search:
         """First-improvement hill climbing over add / drop moves, in a seeded random order
         (stops early once the restarts' evaluation cap is reached)."""
         improved = True
-        while improved and not self.out_of_time() and len(self.memo) < self.cap:
+        while improved and not self.out_of_time() and self.work() < self.cap:
             improved = False
             moves = [("add", a) for a in self.actions if self.legal(cur[1].actions, a)]
             moves += [("drop", a) for a in cur[1].actions]
@@ -294,7 +348,7 @@ class _Search:
                 cur, improved = self._climb_screened(cur, moves)
                 continue
             for kind, a in moves:
-                if self.out_of_time() or len(self.memo) >= self.cap:
+                if self.out_of_time() or self.work() >= self.cap:
                     break
                 acts = cur[1].actions
                 nxt = acts + (a,) if kind == "add" else tuple(x for x in acts if x != a)
@@ -315,7 +369,7 @@ class _Search:
         misses = 0
         for i in range(0, len(states), SCREEN_CHUNK):
             for st, prop in self.rank(states[i:i + SCREEN_CHUNK]):
-                if self.out_of_time() or len(self.memo) >= self.cap:
+                if self.out_of_time() or self.work() >= self.cap:
                     return cur, False
                 if not self.tscore[st] < here:
                     break
@@ -340,9 +394,10 @@ class _Search:
         self.restarts()
         self.progress(final=True)
         score, best, _ = self.best()
-        if best.price.failed:
-            raise ShardingError(f"{self.who}: the partitioner could not build any of {len(self.memo)} candidates over "
-                                f"{', '.join(self.axes)}; the first failed with {best.price.failed}")
+        if not best.built:
+            raise ShardingError(
+                f"{self.who}: the partitioner could not build any of the {len(self.memo)} candidates over "
+                f"{', '.join(self.axes)}: " + "; ".join(f"{n} x {r}" for r, n in sorted(self.skipped.items())))
         if not best.fits:
             raise MemoryLimitError(
                 f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={bytes_text(self.memory_limit)} per "
@@ -352,7 +407,7 @@ class _Search:
                 + ". Shard more axes, raise the limit, or shrink these tensors")
         seen, top = set(), []
         for g in sorted(self.memo.values(), key=lambda g: (g[0], g[1].actions)):
-            if g[2] not in seen and not g[1].price.failed:
+            if g[2] not in seen and g[1].built:
                 seen.add(g[2])
                 top.append(g[1])
             if len(top) == 5:
@@ -360,17 +415,24 @@ class _Search:
         base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
         return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
-                            self.memory_limit, tuple(self.classes), self.screened, self.pricer.failed,
-                            self.pricer.first_failure)
+                            self.memory_limit, tuple(self.classes), self.screened,
+                            tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
+                            self.max_evaluations)
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,
-           seed: int = 0, who: str = "auto", screen: Optional[bool] = None) -> SearchResult:
+           seed: int = 0, who: str = "auto", screen: Optional[bool] = None,
+           max_evaluations: int = MAX_EVALUATIONS) -> SearchResult:
     """Search shardings over ``axes`` on top of ``ctx``'s decisions (see the module docstring)."""
     from ..cost import Hardware
 
     hw = hardware or Hardware.preset("h100-node")
-    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen)
-    baselines = [(name, s.canon(st)) for name, st in baseline_states(ctx, s.classes, tuple(axes))]
+    s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
+    try:
+        states = baseline_states(ctx, s.classes, tuple(axes))
+    except Exception as e:  # noqa: BLE001 - the hand plans are starting points: search from nothing
+        s.skip(e)
+        states = [("replicated", ())]
+    baselines = [(name, s.canon(st)) for name, st in states]
     baselines = [(n, st) for n, st in baselines if s.decisions(st) is not None]
     return s.run(baselines)

@@ -1,7 +1,10 @@
 """Where the search may place a sharding, grouped so that repetition is decided once.
 
-A decision point is a value the search may annotate: every input the user left open, and
-the result of every top-level dot/conv (an intermediate annotation). Points are grouped
+A decision point is a value the search may annotate: every input the user left open (with
+the top-level values derived from it elementwise at its shape: a parameter's gradient,
+optimizer state, update and new value follow its decision, so "shard this weight" keeps
+the weight, its gradient and its update sharded: FSDP / ZeRO), and the result of every
+top-level dot/conv (an intermediate annotation). Points are grouped
 into classes of equal shape and equal role: inputs by their key path with the numbers
 taken out (``params/layers/3/w1`` -> ``params/layers/#/w1``), intermediates by their op,
 source line and operand shapes. The layers of a block unrolled in a Python loop share a
@@ -32,6 +35,7 @@ class PointClass:
     values: tuple[int, ...]  # value ids
     is_input: bool
     nbytes: int
+    roots: int = 0  # the points themselves (repeated layers); the other values follow them (0: all)
 
 
 def _norm(path: str) -> str:
@@ -45,15 +49,23 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
 
     def put(key, v: Value, what: str, is_input: bool):
         if key not in groups:
-            groups[key] = (what, v.shape, [], is_input, v.nbytes)
+            groups[key] = (what, v.shape, [], is_input, v.nbytes, [0])
             order.append(key)
         groups[key][2].append(v.id)
+        groups[key][5][0] += 1
 
+    inputs = {v.id for v in ctx.graph.inputs}
+    taken = set(inputs)
     for v, lf in zip(ctx.graph.inputs, ctx.leaves):
         if ctx.fixed(v) or v.is_const or v.rank == 0 or v.size <= 1:
             continue
         path = f"arg{lf.argnum}/{_norm(lf.path)}" if lf.argnum is not None else _norm(lf.name)
-        put(("in", path, v.shape, str(v.dtype)), v, lf.name if len(lf.name) < 60 else lf.name[:57] + "...", True)
+        key = ("in", path, v.shape, str(v.dtype))
+        put(key, v, lf.name if len(lf.name) < 60 else lf.name[:57] + "...", True)
+        for x in elementwise_family(ctx.graph, v, top_only=True):  # gradient, optimizer state, update, new value
+            if x.id not in taken and not ctx.fixed(x) and x.shape == v.shape and not _is_matmul(x):
+                taken.add(x.id)
+                groups[key][2].append(x.id)
     inter = []
     for op in ctx.graph.ops:  # top level: loop bodies follow their (stacked) inputs
         if not facts_of(op.prim).matmul:
@@ -63,7 +75,8 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
                 continue
             key = ("op", op.prim, op.source, v.shape, tuple(x.shape for x in op.inputs))
             inter.append((key, v, f"{op.prim} {v.type_str}" + (f" at {op.source}" if op.source else "")))
-    classes = [PointClass(groups[k][0], groups[k][1], tuple(groups[k][2]), True, groups[k][4]) for k in order]
+    classes = [PointClass(groups[k][0], groups[k][1], tuple(groups[k][2]), True, groups[k][4], groups[k][5][0])
+               for k in order]
     ig: dict = {}
     iorder = []
     for key, v, what in inter:
@@ -76,11 +89,16 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
     return classes + icl[:MAX_INTERMEDIATE_CLASSES]
 
 
-def elementwise_family(graph: Graph, start: Value) -> list[Value]:
+def _is_matmul(v: Value) -> bool:
+    return v.producer is not None and facts_of(v.producer.prim).matmul
+
+
+def elementwise_family(graph: Graph, start: Value, top_only: bool = False) -> list[Value]:
     """``start`` and every value connected to it through elementwise ops (either direction):
-    a parameter, its optimizer state, gradient, update and new value."""
+    a parameter, its optimizer state, gradient, update and new value (``top_only``: through
+    the top-level ops only, not loop bodies)."""
     users: dict[int, list] = {}
-    for op in graph.walk():
+    for op in (graph.ops if top_only else graph.walk()):
         for x in op.inputs:
             users.setdefault(x.id, []).append(op)
     seen = {start.id: start}

@@ -34,12 +34,6 @@ class Price:
     comm_bytes: float
     collectives: int  # collective records in the program (combined ones count once)
     top_buffers: tuple[tuple[str, int], ...] = ()  # the largest live values at the peak: (what, bytes)
-    failed: str = ""  # why the partitioner could not build this candidate ("" when it could)
-
-
-def unbuildable(reason: str) -> Price:
-    """The price of a candidate the partitioner cannot build: worse than any built one."""
-    return Price(float("inf"), 0, float("inf"), 0, (), reason)
 
 
 @attrs.define(eq=False)
@@ -89,8 +83,6 @@ class Pricer:
         self.priced = 0  # distinct programs built and costed
         self.propagated = 0
         self.last_key = None  # the fingerprint of the last priced candidate
-        self.failed = 0  # distinct programs the partitioner could not build (priced as unbuildable)
-        self.first_failure = ""  # the first of them: what failed
         self._template: Optional[Propagation] = None
 
     def propagate(self, seeds: Sequence[Seed]) -> Propagation:
@@ -111,17 +103,10 @@ class Pricer:
         return got, prop
 
     def _build(self, prop: Propagation) -> Price:
-        """Build and cost one candidate. A candidate the partitioner cannot build is one
-        candidate lost, not the search: it is priced as unbuildable, counted and named."""
-        try:
-            prog = per_device_program(self.graph, self.mesh, prop, self.combine)
-            prog.donate_argnums = self.donate
-            c = cost(prog, self.hw)
-        except Exception as e:  # noqa: BLE001  (any partitioner failure: ShardingError, assertion, JAX error)
-            self.failed += 1
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-            self.first_failure = self.first_failure or reason
-            return unbuildable(reason)
+        """Build and cost one candidate (a failure propagates: the search skips and counts it)."""
+        prog = per_device_program(self.graph, self.mesh, prop, self.combine)
+        prog.donate_argnums = self.donate
+        c = cost(prog, self.hw)
         return Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.collectives),
                      _top_buffers(self.graph, self.mesh, prop))
 
