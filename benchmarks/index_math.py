@@ -80,8 +80,8 @@ def _mesh_for(k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def cases(k: int) -> dict[str, tuple[int, Callable[[str], Any]]]:
     """kernel -> (work, run(version)) at k shards; version: "np" (gspmd_py's definition),
     "py" (the old loop kernel, uncompiled) or "nb" (the old loop kernel under Numba)."""
-    from gspmd_py.partitioner import halo_tables as ht
-    from gspmd_py.partitioner import index_math as im
+    from gspmd_py import halo_tables as ht
+    from gspmd_py import index_math as im
 
     rim, rht = ref()
     n_in = 64 * k + 3
@@ -166,8 +166,8 @@ def _fresh(args: list[str], repeats: int) -> dict[str, float]:
 
 def _swap_in_numba() -> Callable[[], None]:
     """Route the partitioner's table calls to REF_COMMIT's Numba kernels; returns the undo."""
-    from gspmd_py.partitioner import halo_tables as ht
-    from gspmd_py.partitioner import index_math as im
+    from gspmd_py import halo_tables as ht
+    from gspmd_py import index_math as im
 
     rim, rht = ref()
     saved = [(im, "window_halos", im.window_halos), (ht, "fetch_rounds", ht.fetch_rounds),

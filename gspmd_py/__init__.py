@@ -11,19 +11,19 @@ from .errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshErro
 from .mesh import AxisRef, Mesh
 from .sharding import P, Sharding
 from .frontend.annotate import annotate, mesh_split, tag
-from .frontend.api import Plan, Spmd, spmd
+from .api.api import Plan, Spmd, spmd
 from .frontend.rules import Rules, rules
 from .frontend.pipeline import Schedule, pipeline
-from .partitioner.context import Collective
+from .program.collective import Collective
 from .cost import Cost, Hardware, Link
-from .search.placement import Placement, rank_meshes
+from .api.placement import Placement, rank_meshes
 from .runtime import distributed
 from .runtime.distributed import to_host
 from .runtime.plancheck import ProgramMismatchError
-from .frontend import tactics
-from .search.auto import AutoResult, auto_shard
+from .search import tactics
+from .api.auto import AutoResult, auto_shard
 from .search.optimizer import MemoryLimitError
-from .frontend.tactics import TacticError
+from .search.tactics import TacticError
 
 
 

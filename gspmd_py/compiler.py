@@ -46,7 +46,7 @@ Each pass is a function that can be run on its own (tests, the search)::
 The program boundary is data, not edits. gp.spmd traces the user's function as written;
 its in_shardings and out_shardings reach ``seed`` as explicit per-input / per-output dims
 with their labels ("in_shardings of arg0", "out_shardings of output 0"), and a derived
-program (jvp, transpose, vmap, a known/unknown split: frontend/primitive.py) gets them per
+program (jvp, transpose, vmap, a known/unknown split: api/primitive.py) gets them per
 position of the transformed program. The trace pass gives every output a value of its own:
 its port, an unspecified ``gp.annotate`` op (an identity that constrains nothing) of the
 value it returns, built with the other ops' ids. So an output can be laid out unlike the
@@ -73,13 +73,13 @@ from .errors import AnnotationError
 from .ir import Graph, Value, eliminate_dead_code
 from .runtime.layout import layout_notes, own_mesh
 from .mesh import Mesh
-from .partitioner import combine as combiner
-from .partitioner.fine_mesh import FineMesh
+from .program import combine as combiner
+from .fine_mesh import FineMesh
 from .partitioner.passes import Partitioned, index_program, partition_graph
 from .partitioner.passes import reindex as reindex_program
 from .views.pass_check import PassRun
 from .partitioner.program import warn_fallbacks
-from .partitioner.program_index import ProgramIndex
+from .program.program_index import ProgramIndex
 from .partitioner.shaping import Shaping
 from .plan import Plan
 from .propagation import Propagation, Seed
@@ -152,7 +152,7 @@ def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=
     if not tactics:
         return seeded
     from .search.context import Leaf, TacticContext
-    from .frontend.tactics import apply_tactics as run_tactics
+    from .search.tactics import apply_tactics as run_tactics
 
     graph = seeded.graph
     in_names = [v.name or f"arg{i}" for i, v in enumerate(graph.inputs)]
@@ -197,7 +197,7 @@ def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Sh
 
 
 def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
-    """Pass 7: the program index (partitioner/program_index.py): per equation of ``program``
+    """Pass 7: the program index (program/program_index.py): per equation of ``program``
     (loop and branch bodies included) the op of ``graph`` that caused it, its loops' trip
     counts and its collectives; ``.collectives``: every collective, in program order."""
     return index_program(program, fine, graph)
@@ -205,7 +205,7 @@ def index(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
 
 def combine(idx: ProgramIndex, threshold_bytes: int, fine: FineMesh) -> ClosedJaxpr:
     """Pass 8: the program ``idx`` indexes with independent collectives merged
-    (partitioner/combine.py); it reads the program through ``idx`` only."""
+    (program/combine.py); it reads the program through ``idx`` only."""
     return combiner.combine(idx, threshold_bytes, list(zip(fine.names, fine.sizes)))
 
 

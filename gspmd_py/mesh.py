@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from .errors import MeshError, SpecError
-from .runtime.launch_env import launcher_hint
+from .launch_env import launcher_hint
 
 
 @attrs.frozen(order=True, cache_hash=True)

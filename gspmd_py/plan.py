@@ -24,12 +24,12 @@ from jax.sharding import PartitionSpec as JP
 from .errors import AnnotationError, ShardingError
 from .ir import Graph, Value
 from .mesh import Mesh
-from .partitioner.combine import DEFAULT_THRESHOLD_BYTES
-from .partitioner.context import Collective
+from .program.combine import DEFAULT_THRESHOLD_BYTES
+from .program.collective import Collective
 from .partitioner.diagnostics import Diagnostics, Fallback
-from .partitioner.fine_mesh import FineMesh
+from .fine_mesh import FineMesh
 from .partitioner.program import OpPlan, boundary_out_dims
-from .partitioner.program_index import ProgramIndex
+from .program.program_index import ProgramIndex
 from .partitioner.pvalue import FineDims, ceil_div, local_shape, shards
 from .partitioner.shaping import Shaping
 from .propagation import Propagation

@@ -8,11 +8,11 @@ is a jaxpr, so the cost model decides it the same way for every equation:
 * a buffer is *materialized* unless it is produced by a fusible op and every consumer (of
   it or of its aliases) is a fusible op or a reduction, and it is not an output.
 
-It reads one body of the program index (partitioner/program_index.py): its equations in
+It reads one body of the program index (program/program_index.py): its equations in
 order and its jaxpr's inputs and outputs.
 
     >>> import jax, jax.numpy as jnp
-    >>> from gspmd_py.partitioner.program_index import ProgramIndex
+    >>> from gspmd_py.program.program_index import ProgramIndex
     >>> closed = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b).sum())(jnp.ones((8, 16)), jnp.ones((16, 4)))
     >>> body = ProgramIndex.build(closed, None, str).root
     >>> f = Fusion(body)

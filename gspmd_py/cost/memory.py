@@ -2,7 +2,7 @@
 
 Buffers are the materialized values of fusion.py (a fused intermediate never takes memory;
 a reshape shares its operand's buffer). The walk reads the program index's bodies
-(partitioner/program_index.py), never the program itself. Walking the equations in
+(program/program_index.py), never the program itself. Walking the equations in
 program order:
 
 * arguments are live from the start; a non-donated argument stays live to the end (the
@@ -28,7 +28,7 @@ from typing import Sequence
 import attrs
 from jax.extend.core import Literal
 
-from ..partitioner.program_index import Body, ProgramIndex
+from ..program.program_index import Body, ProgramIndex
 from ..ops import facts_of
 from .counting import fusible_producer, nbytes
 from .fusion import Fusion

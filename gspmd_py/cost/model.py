@@ -3,7 +3,7 @@
 Everything is read from the plan's own records, never from JAX's execution:
 
 * ``plan.index``: the per-device program (local shapes) as the program index read it
-  (partitioner/program_index.py); the walk goes over its bodies, never over the program
+  (program/program_index.py); the walk goes over its bodies, never over the program
   itself. Each equation's FLOPs and bytes (counting.py, fusion.py); its op, its
   collectives and its loops' trip counts are the index's (``scan``: ``length``; ``while``:
   derived when the loop counts a constant range — ``i = c0; while i < c1: i += s`` — else
@@ -41,8 +41,8 @@ from jax.extend.core import Literal
 
 from ..ops import facts as F
 from ..ops import facts_of
-from ..partitioner.context import Collective
-from ..partitioner.program_index import Body, EqnIndex, ProgramIndex
+from ..program.collective import Collective
+from ..program.program_index import Body, EqnIndex, ProgramIndex
 from .collectives import sent_bytes
 from .counting import eqn_flops, is_free
 from .fusion import Fusion

@@ -11,8 +11,8 @@ The passes read them: ``partitioner/partial.py`` (``linearity``: which partial v
 through the op unreduced), ``partitioner/generic.py`` (``localize``: how its shape parameters
 become local), ``cost/counting.py`` and ``cost/fusion.py`` (``flops``, ``transcendental``,
 ``fusion``, ``alias``, ``access``), ``cost/memory.py`` (``inplace``), the windowed handler (``init``: the
-reduce op whose identity is the op's init value), ``partitioner/program_index.py`` and
-``partitioner/combine.py`` (``collective``, ``collective_reduce``, ``combinable``) and the cost
+reduce op whose identity is the op's init value), ``program/program_index.py`` and
+``program/combine.py`` (``collective``, ``collective_reduce``, ``combinable``) and the cost
 model's walk (``region``).
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ class OpFacts:
     init: str = ""  # the reduce op whose identity is its init value (reduce_window_sum: "sum")
     collective: str = attrs.field(default="", validator=_one_of(COLLECTIVE_KINDS))
     collective_reduce: str = ""  # for a reducing collective: sum, max, min
-    combinable: bool = False  # the combiner may merge independent ones (partitioner/combine.py)
+    combinable: bool = False  # the combiner may merge independent ones (program/combine.py)
     region: str = attrs.field(default=NO_REGION, validator=_one_of(REGIONS))
 
     def aliases(self, src_dtype, dst_dtype) -> bool:

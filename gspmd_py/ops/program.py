@@ -12,7 +12,7 @@ from .registry import declare
 declare("psum", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="sum", combinable=True))
 declare("pmax", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="max", combinable=True))
 declare("pmin", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="min", combinable=True))
-# the combiner's all-reduce of several operands (partitioner/variadic.py): one collective
+# the combiner's all-reduce of several operands (program/variadic.py): one collective
 declare("psum_combined", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="sum"))
 declare("pmax_combined", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="max"))
 declare("pmin_combined", facts=F.OpFacts(F.ZERO, collective="all-reduce", collective_reduce="min"))

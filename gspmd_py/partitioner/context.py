@@ -4,7 +4,7 @@ padding, the collectives, and the build's state, in typed parts.
 All device-dependent quantities come from ``lax.axis_index`` inside the one SPMD program,
 so the program is the same whatever the number of devices. Collectives are only emitted
 here; what the program communicates is read back from the program itself
-(program_index.py), so re-tracing can never duplicate or lose a record.
+(program/program_index.py), so re-tracing can never duplicate or lose a record.
 
 A ``Ctx`` lives for one partition pass (``compiler.partition``) and never leaves it:
 
@@ -37,37 +37,9 @@ import numpy as np
 from jax import lax
 
 from .diagnostics import Diagnostics, Fallback, Held
-from .fine_mesh import FineMesh
+from ..fine_mesh import FineMesh
 from .pvalue import FineDims, Partial, PValue, ceil_div, local_shape, shards
 from .shaping import Shaped, Shaping
-
-@attrs.frozen
-class Collective:
-    """One collective of the SPMD program, in program order.
-
-    ``bytes_per_device``: size of the buffer each device sends into the collective
-    (all-gather: its shard; reduce-scatter, all-reduce, all-to-all, permute: its buffer).
-    ``op``: the label of the op that caused it ("dot_general #12 (model.py:40)", or
-    "boundary"); ``op_id`` its IR op id (-1 at the boundary). ``reduce``: the reduction of an
-    all-reduce / reduce-scatter. ``tensors``: how many tensors a combined collective carries.
-    ``group_size``: devices in each group. ``shape``/``dtype``: the local buffer sent.
-    """
-
-    kind: str
-    axes: tuple[str, ...]
-    bytes_per_device: int
-    op: str
-    op_id: int = attrs.field(default=-1, eq=False)
-    dtype: str = attrs.field(default="", eq=False)
-    shape: tuple[int, ...] = attrs.field(default=(), eq=False)
-    reduce: str = attrs.field(default="", eq=False)
-    tensors: int = attrs.field(default=1, eq=False)
-    group_size: int = attrs.field(default=1, eq=False)
-    in_loop: bool = attrs.field(default=False, eq=False)
-
-    def __str__(self) -> str:
-        extra = f" x{self.tensors}" if self.tensors > 1 else ""
-        return f"{self.kind}({','.join(self.axes)}) {self.bytes_per_device}B{extra}  <- {self.op}"
 
 
 #: (value key, target dims, keep_partial) -> the resharded value

@@ -3,7 +3,7 @@
 
     part = partition_graph(graph, mesh, prop)        # the per-device program + diagnostics
     raw = index_program(part.program, part.fine, graph)
-    program = combine(raw, threshold, part.axis_env)  # combine.py
+    program = combine(raw, threshold, part.axis_env)  # program/combine.py
     idx = reindex(raw, program, part.fine, graph)    # raw itself when nothing was merged
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from ..propagation import Propagation
 from ..sharding import Sharding
 from .context import Ctx
 from .diagnostics import Diagnostics
-from .fine_mesh import FineMesh
+from ..fine_mesh import FineMesh
 from .hierarchy import link_refs
 from .program import OpPlan, build_body, fine_plan, op_label
-from .program_index import ProgramIndex
+from ..program.program_index import ProgramIndex
 from .pvalue import FineDims
 from .shaping import Shaping
 
@@ -74,7 +74,7 @@ def partition_graph(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shapin
 
 
 def index_program(program: ClosedJaxpr, fine: FineMesh, graph: Graph) -> ProgramIndex:
-    """The program index (program_index.py) of ``program``, its equations labelled by the op
+    """The program index (program/program_index.py) of ``program``, its equations labelled by the op
     of ``graph`` that caused them."""
     labels = {op.id: op_label(op) for op in graph.walk()}
     return ProgramIndex.build(program, fine, lambda i: labels.get(i, f"op {i}"))

@@ -15,7 +15,7 @@ With ``collective_matmul_bytes`` or a hardware (shaping.py), a dot whose operand
 all-gathered runs as a ring of permutes and partial dots instead (collective_matmul.py).
 
 Each op's emission runs under ``jax.named_scope("op<id>")``, so every equation of the
-program, collectives included, names the op that caused it (the program index, program_index.py, reads that).
+program, collectives included, names the op that caused it (the program index, program/program_index.py, reads that).
 At the boundary, uneven inputs arrive padded to whole shards and uneven outputs leave with
 the axes of their non-dividing dims dropped (the nearest sharding a jax.Array can hold).
 """
@@ -38,7 +38,7 @@ from ..propagation.projection import Projection
 from . import collective_matmul, registry
 from .context import Ctx
 from .diagnostics import Diagnostics
-from .fine_mesh import FineMesh
+from ..fine_mesh import FineMesh
 from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept
 from .pvalue import FineDims, Partial, PValue, shards
 from .reshard import reshard

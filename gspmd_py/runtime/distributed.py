@@ -27,8 +27,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..errors import SpecError
-from .launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,  # noqa: F401
-                         ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID, launcher_hint)  # re-exported
+from ..launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,
+                          ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID, launcher_hint)  # re-exported
 from ..sharding import Sharding
 
 _NO_CLUSTER = "coordinator_address should be defined"  # jax's message when nothing was detected

@@ -15,7 +15,7 @@ placed, the call, and re-raising a failed host callback::
     outs = exe.run(leaves)         # the call: the outputs as the user's pytree
     exe.staged_in_shardings(), exe.staged_out_shardings()   # a staged call's layouts over the user's mesh
 
-``gp.spmd``'s call (frontend/api.py) and the ``spmd_call`` primitive (frontend/primitive.py)
+``gp.spmd``'s call (api/api.py) and the ``spmd_call`` primitive (api/primitive.py)
 run a plan through its executable; ``plan.compiled()``, ``plan.lower_text()``,
 ``plan.run(...)``... delegate to it.
 """
@@ -101,7 +101,7 @@ class Executable:
             outs = self.boundary.call(exe, leaves)
         return jax.tree_util.tree_unflatten(self.plan.out_tree, outs)
 
-    # -- staged into a caller's trace (frontend/primitive.py, frontend/api.py) ---------------
+    # -- staged into a caller's trace (api/primitive.py, api/api.py) ---------------
     @functools.cached_property
     def _staged_out(self) -> tuple:
         return tuple(staged_sharding(self.plan, d) for d in self.plan.out_fine_dims)

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from ..mesh import Mesh
-from ..partitioner.fine_mesh import FineMesh
+from ..fine_mesh import FineMesh
 
 
 @contextlib.contextmanager

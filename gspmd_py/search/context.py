@@ -1,6 +1,6 @@
 """What tactics work on: one traced graph, its inputs by argument, and the decisions so far.
 
-A tactic (gspmd_py/frontend/tactics.py) reads a ``TacticContext`` and adds decisions: "dim d of
+A tactic (gspmd_py/search/tactics.py) reads a ``TacticContext`` and adds decisions: "dim d of
 value v is sharded over mesh axis a". Decisions accumulate in order; each value's
 decisions become one ``Seed`` (its decided dims closed, the others open to propagation)
 whose origin names the tactics that decided it, so ``plan.explain`` says which tactic

@@ -17,10 +17,10 @@ from ..ir import Graph
 from ..runtime.layout import own_mesh
 from ..frontend.constraints import outside_user_mesh
 from ..mesh import Mesh
-from ..partitioner.combine import DEFAULT_THRESHOLD_BYTES, combine
-from ..partitioner.context import Collective
+from ..program.combine import DEFAULT_THRESHOLD_BYTES, combine
+from ..program.collective import Collective
 from ..partitioner.passes import index_program, partition_graph, reindex
-from ..partitioner.program_index import ProgramIndex
+from ..program.program_index import ProgramIndex
 from ..propagation import Propagation, Seed
 from ..sharding import Sharding
 

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from .. import dtypes
-from ..frontend.api import spmd
+from ..api.api import spmd
 from ..mesh import Mesh
 from ..sharding import entry_axes
 from . import compare

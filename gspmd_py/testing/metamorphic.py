@@ -26,7 +26,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ..frontend.api import spmd
+from ..api.api import spmd
 from ..mesh import Mesh
 from . import compare
 from .equivalence import compare_trees

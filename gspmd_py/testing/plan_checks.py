@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Union
 import jax
 import numpy as np
 
-from ..frontend.api import spmd
+from ..api.api import spmd
 from ..mesh import Mesh
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")

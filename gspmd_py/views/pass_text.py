@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from ..jax_compat import scan_counts
 from ..ir import Graph, Op, Value
-from ..partitioner.program_index import ProgramIndex
+from ..program.program_index import ProgramIndex
 
 #: primitive names JAX versions spell differently, to one spelling
 PRIM_ALIASES = {"pjit": "jit", "closed_call": "call", "core_call": "call"}

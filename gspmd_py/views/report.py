@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..partitioner.context import Collective
+from ..program.collective import Collective
 from ..frontend.pipeline import schedules
 
 

@@ -11,7 +11,7 @@ from jax import lax
 
 import gspmd_py as gp
 from gspmd_py import compiler
-from gspmd_py.partitioner.fine_mesh import FineMesh
+from gspmd_py.fine_mesh import FineMesh
 from gspmd_py.sharding import Sharding
 
 P = gp.P

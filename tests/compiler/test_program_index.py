@@ -1,4 +1,4 @@
-"""The program index (partitioner/program_index.py, the compiler's ``index`` pass): the
+"""The program index (program/program_index.py, the compiler's ``index`` pass): the
 per-device program read once, per equation its op, its loops' trip counts and its
 collectives; the collective records and the cost model read it."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 import gspmd_py as gp
 from gspmd_py import compiler
-from gspmd_py.partitioner.fine_mesh import FineMesh
-from gspmd_py.partitioner.program_index import ProgramIndex, Trips
+from gspmd_py.fine_mesh import FineMesh
+from gspmd_py.program.program_index import ProgramIndex, Trips
 
 MESH = gp.Mesh.abstract((2, 4), ("x", "y"))
 FINE = FineMesh.build(MESH, [MESH.ref("x"), MESH.ref("y")])
@@ -154,7 +154,7 @@ def test_the_plans_index_is_the_index_of_the_program_it_runs():
     combined program (every collective the program issues, none of the merged-away ones), and
     the records, the cost model and the memory walk read that one index."""
     from gspmd_py.cost.memory import peak_memory
-    from gspmd_py.partitioner.records import collect
+    from gspmd_py.program.records import collect
 
     hw = gp.Hardware.preset("h100-node")
     plans = (_grads_plan(), _grads_plan(threshold=0), _scan_plan())
@@ -208,11 +208,11 @@ def test_only_the_index_walks_the_equations_of_a_program():
     import pathlib
 
     root = pathlib.Path(gp.__file__).parent
-    allowed = {"partitioner/program_index.py", "frontend/trace.py", "runtime/executable.py"}
+    allowed = {"program/program_index.py", "frontend/trace.py", "runtime/executable.py"}
     readers = set()
     for path in root.rglob("*.py"):
         tree = ast.parse(path.read_text())
         if any(isinstance(n, ast.Attribute) and n.attr == "eqns" for n in ast.walk(tree)):
             readers.add(path.relative_to(root).as_posix())
     assert readers <= allowed, sorted(readers - allowed)
-    assert "partitioner/program_index.py" in readers
+    assert "program/program_index.py" in readers

@@ -9,7 +9,7 @@ import numpy as np
 
 import gspmd_py as gp
 from gspmd_py import compiler
-from gspmd_py.frontend.primitive import spmd_call_p
+from gspmd_py.api.primitive import spmd_call_p
 from gspmd_py.sharding import Sharding
 
 P = gp.P

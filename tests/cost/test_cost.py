@@ -262,8 +262,8 @@ def test_combined_collective_is_priced_as_one():
     """The combiner's merged all-reduce (one psum under "combined<ids>") pays one alpha."""
     from types import SimpleNamespace
 
-    from gspmd_py.partitioner.fine_mesh import FineMesh
-    from gspmd_py.partitioner.program_index import ProgramIndex
+    from gspmd_py.fine_mesh import FineMesh
+    from gspmd_py.program.program_index import ProgramIndex
 
     mesh = gp.Mesh.abstract((4,), ("m",))
     fine = FineMesh.build(mesh, [])

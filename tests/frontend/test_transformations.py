@@ -1,7 +1,7 @@
 """A gp.spmd function is a JAX function: jax.jit, grad, value_and_grad, vjp, jvp, vmap, lax.scan,
 jax.checkpoint and gp.spmd itself compose with it and give the plain function's results.
 
-Under a transformation the function binds ``spmd_call`` (gspmd_py/frontend/primitive.py); JAX
+Under a transformation the function binds ``spmd_call`` (gspmd_py/api/primitive.py); JAX
 transforms the user's jaxpr and gspmd_py partitions each derived program.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 import gspmd_py as gp
-from gspmd_py.frontend.primitive import spmd_call_p
+from gspmd_py.api.primitive import spmd_call_p
 from partition_util import assert_same, examples, mesh_of, meshes, rand, spec_for
 
 P = gp.P

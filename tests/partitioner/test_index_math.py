@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from gspmd_py.partitioner import halo_tables
-from gspmd_py.partitioner import index_math as im
+from gspmd_py import halo_tables
+from gspmd_py import index_math as im
 
 # ----------------------------------------------------------------------------------------
 # helpers
@@ -289,7 +289,7 @@ def test_device_groups_errors_and_negative_axes():
 # ----------------------------------------------------------------------------------------
 
 def test_docstring_examples():
-    from gspmd_py.partitioner import halo_tables
+    from gspmd_py import halo_tables
 
     res = doctest.testmod(im, raise_on_error=False)
     res2 = doctest.testmod(halo_tables, raise_on_error=False)
@@ -299,7 +299,7 @@ def test_docstring_examples():
 @pytest.mark.slow
 def test_import_and_index_math_do_not_load_numba():
     """The tables are NumPy only (Numba's 0.5 s load never paid back: index_math's header)."""
-    code = ("import sys, numpy as np, gspmd_py; from gspmd_py.partitioner import index_math as m, halo_tables as h; "
+    code = ("import sys, numpy as np, gspmd_py; from gspmd_py import index_math as m, halo_tables as h; "
             "m.shard_bounds(5, 65536); m.window_halos(2 * 65536 + 3, 65536, 7, 2, 2, 3, 2, 2); "
             "h.device_groups((256, 256), (1,)); a = np.arange(65536) * 4 - 2; "
             "h.fetch_rounds(np.maximum(a, 0), np.minimum(a + 8, 4 * 65536), a, 4); "

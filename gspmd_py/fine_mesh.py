@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 
-from ..errors import SpecError
-from ..mesh import AxisRef, Mesh
+from .errors import SpecError
+from .mesh import AxisRef, Mesh
 
 
 class FineMesh:

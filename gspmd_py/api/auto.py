@@ -11,14 +11,14 @@
                 tactics=res.rules())
 
 It is ``gp.spmd(fn, mesh, in_shardings, out_shardings, tactics=[gp.tactics.auto(...)])``
-planned once: the search (optimizer.py) decides over every mesh axis, keeping the fixed
+planned once: the search (search/optimizer.py) decides over every mesh axis, keeping the fixed
 parts of ``in_shardings``; ``res.spmd`` replays its decisions (intermediate annotations
 included) without searching again, and so does ``gp.spmd`` given ``res.rules()`` (a tactics
 list holding the decisions as plain data: value id, shape and mesh axes per dim), with or
 without ``res.in_shardings`` / ``res.out_shardings``.
 
 The result depends only on the function, the arguments' shapes, the mesh, the hardware and
-the seed: the search stops after ``max_evaluations`` candidates (optimizer.py), and
+the seed: the search stops after ``max_evaluations`` candidates (search/optimizer.py), and
 ``time_budget_s`` is a safety cap that ``res.report()`` mentions when it cut the search
 short. Candidates the partitioner cannot build are skipped and counted in the report.
 """
@@ -31,7 +31,7 @@ import jax
 
 from ..mesh import Mesh
 from ..sharding import P
-from .optimizer import SearchResult, bytes_text
+from ..search.optimizer import SearchResult, bytes_text
 
 
 @attrs.frozen
@@ -50,8 +50,8 @@ class AutoResult:
 
     def report(self) -> str:
         """The chosen plan beside the best candidates and every hand-written plan (predicted
-        step, peak memory, collectives), why it won, and how the search went (autoreport.py)."""
-        from .autoreport import report
+        step, peak memory, collectives), why it won, and how the search went (search/autoreport.py)."""
+        from ..search.autoreport import report
 
         return report(self)
 
@@ -66,7 +66,7 @@ class AutoResult:
         """The plan for ``jax.jit``'s own partitioner: NamedSharding trees for the inputs and
         outputs, the intermediate annotations as constraints, and the program with them in
         (search/jaxrun.py): ``js = res.jax_shardings(); js.jit()(*args)``."""
-        from .jaxrun import jax_shardings
+        from ..search.jaxrun import jax_shardings
 
         return jax_shardings(self.plan, [vid for vid, _, _ in self.decided.decisions])
 
@@ -83,9 +83,9 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     ``hardware=None``: the mesh's devices' (cost/machine.py: a GPU's or TPU's preset, CPU
     devices calibrated once and cached on disk; an abstract mesh: h100-node). Raises ``MemoryLimitError`` (a
     gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
-    from ..frontend.api import Spmd
+    from .api import Spmd
     from ..cost.machine import default_hardware
-    from ..frontend.tactics import Decided, auto
+    from ..search.tactics import Decided, auto
 
     if hardware is not None:
         hw, hw_text = hardware, f"hardware {hardware.name} (given)"
@@ -105,7 +105,7 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     decided = Decided(decisions, str(tac))
     replay = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums,
                   donate_argnums=donate_argnums, tactics=[decided])
-    replay._entries = f._entries  # the plan is built: the replay runs it (other signatures replay the decisions)
+    replay.reuse_plans(f)  # the plan is built: the replay runs it (other signatures replay the decisions)
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
     return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text)

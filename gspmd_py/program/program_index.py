@@ -1,7 +1,7 @@
 """The program index: the per-device program read once, per equation its op, its loop trip
 counts and its collectives (the ``index`` pass, compiler.py).
 
-The partitioner emits each op under ``jax.named_scope("op<id>")`` (program.py) and the
+The partitioner emits each op under ``jax.named_scope("op<id>")`` (partitioner/program.py) and the
 combiner emits its merged collectives under ``"combined<id>,<id>,..."``; one walk over the
 program's equations in order (into loop, branch and call bodies) gives, per equation:
 
@@ -47,8 +47,8 @@ from jax.extend.core import ClosedJaxpr, Literal
 
 from ..ops import facts as F
 from ..ops import facts_of
-from .context import Collective
-from .fine_mesh import FineMesh
+from .collective import Collective
+from ..fine_mesh import FineMesh
 
 Path = tuple[int, ...]
 _SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")

@@ -1,6 +1,6 @@
 """Collectives as data: read back from the per-device program itself, by the program index.
 
-The partitioner emits each op under ``jax.named_scope("op<id>")`` (program.py) and the
+The partitioner emits each op under ``jax.named_scope("op<id>")`` (partitioner/program.py) and the
 combiner emits its merged collectives under ``"combined<id>,<id>,..."``; the program index
 (program_index.py) walks the program's equations once, in order (into loop and branch
 bodies), and keeps every collective with the op that caused it, deterministically, however
@@ -15,7 +15,7 @@ reads the program again.
 """
 from __future__ import annotations
 
-from .context import Collective
+from .collective import Collective
 from .program_index import ProgramIndex
 
 __all__ = ["collect"]

@@ -54,7 +54,7 @@ class Given:
     the whole value left to propagation, as ``out_shardings=None`` says of an output) and what
     ``plan.explain`` calls it ("in_shardings of arg0", "out_shardings of output 0").
 
-    An inlined call (trace.py) turns each Given into a ``gp.annotate`` op (dims None: an
+    An inlined call (frontend/trace.py) turns each Given into a ``gp.annotate`` op (dims None: an
     unspecified one); a position without a Given gets none."""
 
     dims: Optional[tuple]

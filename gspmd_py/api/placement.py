@@ -66,7 +66,7 @@ def rank_meshes(fn: Callable, shape: Sequence[int], names: Sequence[str], hw, *a
                 out_shardings=None, shaped: bool = True, top: Optional[int] = None, **spmd_kw) -> list[Placement]:
     """Every device order of a ``shape`` mesh named ``names`` (one per order of its axes of
     size > 1), fastest predicted step first. ``args``: arrays or jax.ShapeDtypeStructs."""
-    from ..frontend.api import spmd
+    from .api import spmd
     from ..cost.hardware import Hardware
 
     if not isinstance(hw, Hardware):

@@ -32,7 +32,7 @@ import attrs
 
 from ..errors import ShardingError, SpecError
 from ..mesh import AxisRef
-from ..search.context import TacticContext, TacticRecord
+from .context import TacticContext, TacticRecord
 
 
 class TacticError(ShardingError):
@@ -138,7 +138,7 @@ class Rules:
     def apply(self, ctx: TacticContext) -> None:
         import jax
 
-        from .specs import spec_dims
+        from ..frontend.specs import spec_dims
 
         before = _snapshot(ctx)
         args = ctx.args_tree if ctx.args_tree is not None else ()
@@ -168,7 +168,7 @@ class Zero(_OneAxis):
         return f"zero({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums != (0,) else "") + ")"
 
     def apply(self, ctx: TacticContext) -> None:
-        from ..search.points import elementwise_family
+        from .points import elementwise_family
 
         a = _axis(ctx, self.axis, str(self))
         before = _snapshot(ctx)
@@ -207,13 +207,13 @@ class Auto:
         return self.axes_
 
     def apply(self, ctx: TacticContext) -> None:
-        from ..search.optimizer import search
+        from .optimizer import search
 
         names = list(self.axes_) or ctx.free_axes()
         for n in names:
             _axis(ctx, n, str(self))
         before = _snapshot(ctx)
-        from ..search.optimizer import MAX_EVALUATIONS
+        from .optimizer import MAX_EVALUATIONS
 
         evals = MAX_EVALUATIONS if self.max_evaluations is None else self.max_evaluations
         result = search(ctx, names, hardware=self.hardware, memory_limit=self.memory_limit,
@@ -267,7 +267,7 @@ def batch(axis: str, argnums=None) -> Batch:
 
 def rules(r) -> Rules:
     """Specs by parameter name: a ``gp.rules`` object or a list of (pattern, spec) pairs."""
-    from .rules import Rules as RulesObj, rules as make
+    from ..frontend.rules import Rules as RulesObj, rules as make
 
     if isinstance(r, RulesObj):
         return Rules(r)
@@ -322,7 +322,7 @@ def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> Tacti
     """Run ``tactics`` in order over ``ctx``; each record gets the predicted step after it
     (priced on ``hardware``, default the last auto tactic's, else h100-node)."""
     from ..cost import Hardware
-    from ..search.price import Pricer
+    from .price import Pricer
 
     for t in tactics:
         t.apply(ctx)

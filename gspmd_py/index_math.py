@@ -34,8 +34,8 @@ entirely padding (empty). Worked examples::
     fetch_rounds(lo=[0, 3, 7, 11], hi=[5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
         rounds by shift [-1, +1]; round -1: device d receives from d-1 (sources [-1, 0, 1, 2])
 
-The other modules call :func:`shard_bounds`, :func:`window_halos` (halo.py) and, in
-halo_tables.py, :func:`device_groups` (cost/hardware.py) and :func:`fetch_rounds` (halo.py).
+The other modules call :func:`shard_bounds`, :func:`window_halos` (partitioner/halo.py) and, in
+halo_tables.py, :func:`device_groups` (cost/hardware.py) and :func:`fetch_rounds` (partitioner/halo.py).
 All outputs are int64 NumPy arrays; scalars in :func:`window_halos`'s dict are Python ints.
 """
 from __future__ import annotations

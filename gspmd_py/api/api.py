@@ -38,8 +38,8 @@ from ..mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
 from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
-from .constraints import constraint_errors, tracing_mesh
-from .specs import spec_dims
+from ..frontend.constraints import constraint_errors, tracing_mesh
+from ..frontend.specs import spec_dims
 
 @attrs.define(eq=False)
 class _Entry:
@@ -75,7 +75,7 @@ class Spmd:
                  static_argnums=(), static_argnames=(), donate_argnums=(),
                  combine_threshold_bytes: Optional[int] = None, tactics=None, hardware=None,
                  collective_matmul_bytes: Optional[int] = None):
-        from .tactics import check_tactics
+        from ..search.tactics import check_tactics
 
         if isinstance(mesh, jax.sharding.Mesh):
             mesh = Mesh.from_jax(mesh)
@@ -105,6 +105,11 @@ class Spmd:
         positional argument, as jax.jit does: it is ``arg0`` (a pytree, or static by
         ``static_argnums=0``) and ``in_shardings`` counts it."""
         return self if obj is None else functools.partial(self, obj)
+
+    def reuse_plans(self, other: "Spmd") -> None:
+        """Run the plans ``other`` built instead of planning again (gp.auto_shard: the search built
+        the plan; its replay, a gp.spmd of the decisions, runs it for the same signature)."""
+        self._entries = other._entries
 
     def plan(self, *args, **kwargs) -> Plan:
         """The plan for these arguments (arrays or jax.ShapeDtypeStructs): compiles nothing, runs nothing."""
@@ -246,7 +251,7 @@ def spmd(fn: Callable | None = None, mesh: Mesh | None = None, *, in_shardings=N
     ``static_argnums``/``static_argnames``/``donate_argnums`` work as jax.jit's.
     ``combine_threshold_bytes``: independent collectives of one kind over the same axes are
     issued as one up to this many bytes (default 30 MiB, as XLA's GPU combiner; 0: never).
-    ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/frontend/tactics.py),
+    ``tactics``: a list of ``gp.tactics.*`` applied in order at plan time (gspmd_py/search/tactics.py),
     each deciding the shardings over the mesh axes it names.
     ``hardware`` (a gp.Hardware): collectives shaped for it: a reduction over devices that
     span link levels becomes the cheapest reduce-scatter / all-reduce / all-gather program
