@@ -194,3 +194,159 @@ def test_tests_live_in_folders_by_layer():
     missing = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")
                      if p.parent != TESTS and str(p.relative_to(TESTS)) not in readme)
     assert loose == [] and missing == []
+
+
+# -- folders ------------------------------------------------------------------------------
+# A room is a top-level module or a top-level sub-package of the package (as the structure
+# tool, /work/shared/tools/structure.py, counts them); an import between two rooms is an edge.
+# The package's own __init__ re-exports everything and is no room's dependency.
+#: the rooms, bottom to top: a module imports only from its own room or one below it
+#: (gspmd_py/api/__init__.py says what each layer holds). Rooms not listed (new top-level
+#: modules) are held only by the cycle rule.
+LAYERS = [
+    ("errors", "dtypes", "jax_compat", "launch_env", "mesh", "sharding", "ir", "fine_mesh", "index_math",
+     "halo_tables"),  # the core: values and mesh-level helpers; no order among them but no cycle
+    ("ops",),  # op rules and facts: data
+    ("frontend",),  # the jaxpr importer: trace, annotations, specs, gp.rules, gp.pipeline
+    ("propagation",),
+    ("program",),  # the per-device program as data: Collective, the program index, the combiner
+    ("cost",),
+    ("partitioner",),
+    ("runtime",),
+    ("search",),  # the search engine and gp.tactics
+    ("views",),
+    ("plan",),
+    ("compiler",),
+    ("api",),  # gp.spmd, gp.auto_shard, gp.rank_meshes: what users call above the compiler
+    ("demo", "__main__", "launch"),
+]
+
+
+def _room(mod: str) -> str:
+    return ".".join(mod.split(".")[:2])
+
+
+def _room_edges(edges: dict[str, list[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, targets in edges.items():
+        if a == PKG:
+            continue
+        for b in targets:
+            if b != PKG and _room(a) != _room(b):
+                out.setdefault(_room(a), set()).add(_room(b))
+    return out
+
+
+def _folder_loops(redges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one room (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    loops: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(redges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                loops.append(sorted(comp))
+
+    for v in sorted(redges):
+        if v not in index:
+            visit(v)
+    return loops
+
+
+def test_folders_form_a_dag():
+    assert _folder_loops(_room_edges(EDGES)) == []
+
+
+def test_the_folder_loop_finder_finds_a_loop():
+    """One climbing import (the core's mesh importing the user API) closes a loop through every
+    room between them."""
+    edges = {m: list(t) for m, t in EDGES.items()}
+    edges[f"{PKG}.mesh"] = edges[f"{PKG}.mesh"] + [f"{PKG}.api.api"]
+    loops = _folder_loops(_room_edges(edges))
+    assert len(loops) == 1 and {f"{PKG}.mesh", f"{PKG}.api", f"{PKG}.compiler", f"{PKG}.sharding"} <= set(loops[0])
+
+
+def _climbs(edges: dict[str, list[str]]) -> list[str]:
+    layer = {f"{PKG}.{r}": i for i, rooms in enumerate(LAYERS) for r in rooms}
+    return [f"{a} imports {b}" for a, targets in sorted(edges.items()) if a != PKG for b in targets
+            if _room(a) in layer and _room(b) in layer and layer[_room(a)] < layer[_room(b)]]
+
+
+def test_imports_go_down_the_layers():
+    assert _climbs(EDGES) == []
+    assert {_room(m) for m in MODULES if m != PKG} <= {f"{PKG}.{r}" for rooms in LAYERS for r in rooms}, \
+        "a new room: give it a layer in LAYERS (and in gspmd_py/api/__init__.py's list)"
+
+
+def test_the_climb_finder_finds_one():
+    edges = {m: list(t) for m, t in EDGES.items()}
+    edges[f"{PKG}.views.report"] = edges[f"{PKG}.views.report"] + [f"{PKG}.api.api"]
+    assert _climbs(edges) == [f"{PKG}.views.report imports {PKG}.api.api"]
+
+
+# -- attribute writes -----------------------------------------------------------------------
+def _private_writes(source: str, name: str) -> list[str]:
+    """``obj._x = ...`` (also augmented, annotated, in a tuple target, or by ``setattr`` /
+    ``object.__setattr__`` with a literal name) where ``obj`` is not ``self``/``cls`` and no
+    class of this module owns ``_x`` (assigns ``self._x`` or declares it in its body): a write
+    to another object's private state."""
+    tree = ast.parse(source)
+    owned: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                owned.add(n.attr)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                owned.add(n.id)
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                owned.add(n.value)  # __slots__ entries, attrs field aliases
+    private = lambda a: a.startswith("_") and not a.startswith("__") and a not in owned  # noqa: E731
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            for a in ast.walk(t):
+                if (isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Store) and private(a.attr)
+                        and not (isinstance(a.value, ast.Name) and a.value.id in ("self", "cls"))):
+                    found.append((node.lineno, f"{name}:{node.lineno} writes {ast.unparse(a)}"))
+        if (isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "object.__setattr__")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str) and private(node.args[1].value)
+                and not (isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls"))):
+            found.append((node.lineno, f"{name}:{node.lineno} writes {ast.unparse(node.args[0])}.{node.args[1].value}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_no_module_writes_another_objects_private_attributes():
+    assert [w for m, p in MODULES.items() for w in _private_writes(p.read_text(), m)] == []
+
+
+def test_the_private_write_finder_finds_them():
+    src = ("class Own:\n    def __init__(self):\n        self._mine = 1\n\n"
+           "def f(spmd, other, own):\n    spmd._entries = other._entries\n    a, other._cache = 1, 2\n"
+           "    own._mine = 3\n    setattr(spmd, '_fast', None)\n    spmd.public = 1\n    other._n += 1\n")
+    assert _private_writes(src, "m") == ["m:6 writes spmd._entries", "m:7 writes other._cache",
+                                         "m:9 writes spmd._fast", "m:11 writes other._n"]
