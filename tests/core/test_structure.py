@@ -218,7 +218,7 @@ LAYERS = [
     ("plan",),
     ("compiler",),
     ("api",),  # gp.spmd, gp.auto_shard, gp.rank_meshes: what users call above the compiler
-    ("demo", "__main__", "launch"),
+    ("demo", "__main__", "launch", "testing"),  # entry points; gspmd_py.testing (gp.testing) uses gp.spmd
 ]
 
 
