@@ -50,6 +50,19 @@ def _source(eqn) -> str:
         return ""
 
 
+def _linear_solve_call(params, ins):
+    """(the solve jaxpr, its arguments) of a custom_linear_solve: its solve consts, then b.
+
+    The forward value of ``custom_linear_solve(matvec, b, solve, ...)`` is ``solve(b)``;
+    inlined, its ops (lu_solve's triangular solves over the batch) get their own rules, as
+    any call's. Its transpose rule is gone, which nothing here needs: a gradient of the
+    function is traced with its own custom_linear_solve."""
+    n = params["const_lengths"]
+    start = n.matvec + n.vecmat
+    total = start + n.solve + n.transpose_solve
+    return params["jaxprs"].solve, list(ins[start:start + n.solve]) + list(ins[total:])
+
+
 def _open(j):
     """(jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
     if hasattr(j, "jaxpr") and hasattr(j, "consts"):
@@ -112,6 +125,9 @@ class _Builder:
             ins = [self._read(env, v) for v in eqn.invars]
             sub = next((eqn.params[k] for k in _CALL_PARAMS if k in eqn.params and eqn.params[k] is not None), None)
             src = _source(eqn) or where
+            if name == "custom_linear_solve":  # its value is its solve jaxpr's (jnp.linalg.solve, inv)
+                sub, ins = _linear_solve_call(eqn.params, ins)
+                name = "jit"
             if name in INLINE and sub is not None:
                 if name == "spmd_call":
                     self._check_mesh(eqn)
