@@ -21,8 +21,8 @@ def say_if_sharded(ctx: Ctx, op, how: str) -> None:
 
 
 @handler("replicated")
-def replicated(ctx: Ctx, op, rule, plan, args):
-    say_if_sharded(ctx, op, "computed replicated")
+def replicated(ctx: Ctx, op, rule, plan, args, how: str = "computed replicated"):
+    say_if_sharded(ctx, op, how)
     outs = op.primitive.bind(*[a.x for a in args], **op.params)
     outs = list(outs) if op.primitive.multiple_results else [outs]
     return [ctx.pv(o, v.shape, ((),) * v.rank) for o, v in zip(outs, op.outputs)]

@@ -54,7 +54,7 @@ def partition_random_bits(ctx: Ctx, op, rule, plan, args):
     why = _partitionable(op)
     if why:
         ctx.note(f"{why}: drawn whole on every device")
-        return replicated(ctx, op, rule, plan, args)
+        return replicated(ctx, op, rule, plan, args, how=f"{why}: computed replicated")
     key = args[0]
     shape, width = tuple(op.params["shape"]), op.params["bit_width"]
     out = op.outputs[0]
