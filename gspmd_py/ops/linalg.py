@@ -52,4 +52,6 @@ def batched(op) -> OpRule:
     return b.build(OTHER)
 
 
-declare(*BATCHED, facts=F.OpFacts(F.PER_OUTPUT))
+declare(*(p for p in BATCHED if p not in ("fft", "lu_pivots_to_permutation")), facts=F.OpFacts(F.FACTOR_FLOPS))
+declare("fft", facts=F.OpFacts(F.FFT_FLOPS))
+declare("lu_pivots_to_permutation", facts=F.OpFacts(F.PER_OUTPUT))
