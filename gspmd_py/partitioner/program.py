@@ -206,14 +206,10 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset 
         return pv
 
     final = {v.id for v in graph.outputs} - keep  # a graph's outputs leave reduced, in their op's scope
-    used = {v.id for op in graph.ops for v in op.inputs} | {v.id for v in graph.outputs}
     for op in graph.ops:
         with ctx.visit(op_label(op)), jax.named_scope(op_scope(op)):
             results = partition_op(ctx, op, ctx.rules[op.id], ctx.plans[op.id], [get(v) for v in op.inputs])
             for v, r in zip(op.outputs, results):
-                if v.id not in used:  # an unused result (a sort's keys under argsort): not moved anywhere
-                    env[v.id] = ctx.hold(v.id, r)
-                    continue
                 env[v.id] = ctx.hold(v.id, reshard(ctx, r, want.get(v.id, ((),) * v.rank),
                                                    keep_partial=v.id not in final))
     return [get(v) for v in graph.outputs]
