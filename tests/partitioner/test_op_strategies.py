@@ -132,13 +132,15 @@ def test_random_original_threefry_is_drawn_whole_and_equal():
         return x + jax.random.uniform(key, x.shape)
 
     x, key = np.zeros((8, 12), np.float32), jax.random.key(9)
+    sf = gp.spmd(f, M24, in_shardings=(P("x", "y"), None))
+    default = sf(x, key)  # planned and cached under the default (partitionable) scheme
     with jax.threefry_partitionable(False):
-        sf = gp.spmd(f, M24, in_shardings=(P("x", "y"), None))
         with pytest.warns(gp.PartitionWarning, match="partitionable"):
-            got = sf(x, key)
+            got = sf(x, key)  # regression: the cached plan drew the other scheme's bits
         want = jax.jit(f)(x, key)
     assert_same(got, want, rtol=0, atol=0)
-    assert not np.array_equal(np.asarray(want), np.asarray(jax.jit(f)(x, key)))  # (the other scheme's bits)
+    assert_same(sf(x, key), default, rtol=0, atol=0)
+    assert not np.array_equal(np.asarray(want), np.asarray(default))  # (the two schemes differ)
 
 
 # -- sort / top_k along a sharded dim ----------------------------------------------------------
