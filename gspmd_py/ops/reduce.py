@@ -72,7 +72,8 @@ def top_k(op) -> OpRule:
     src = op.inputs[0].shape
     last = op.params["reduction_dimension"] % len(src) if op.prim == "approx_top_k" else len(src) - 1
     b = RuleBuilder()
-    fs = [b.factor(s, NEED_REPLICATION if d == last else PASS) for d, s in enumerate(src)]
+    # (carried: its axes may move onto another sharded dim for the local top_k, as a sort's)
+    fs = [b.factor(s, NEED_REPLICATION, carried=True) if d == last else b.factor(s) for d, s in enumerate(src)]
     k = b.factor(op.outputs[0].shape[last], NEED_REPLICATION)
     b.operand(fs)
     for _ in op.outputs:

@@ -34,10 +34,10 @@ axes, so that a contested factor cannot take an axis from an agreed one. Two con
   major factor of that dim is not fully sharded) gets none;
 * ``need_replication`` factors get none (a ``carried`` one does in propagation, so that a
   sort's result keeps its operand's sharding). In decide mode a dim that loses its axes that
-  way hands them to a pass factor of the same tensor with at least a row per shard (padded
-  where uneven), appended to its axes
-  (sort along a sharded dim: the axes move to another dim by one all-to-all, GSPMD paper
-  §3.5, and back by another where the consumer holds the sorted dim sharded).
+  way hands them to an unsharded pass factor of the same tensor that they divide; a carried
+  dim's axes may also go to a sharded one (appended) or an uneven one (padded, a row per
+  shard at least): sort along a sharded dim: the axes move to another dim by one all-to-all,
+  GSPMD paper §3.5, and back by another where the consumer holds the sorted dim sharded.
 """
 from __future__ import annotations
 
@@ -253,6 +253,7 @@ def _rehome(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], fa: Factor
             moving = ax.truncate_at_overlap(mesh, st.axes[d], taken)
             if not moving:
                 continue
+            carried = all(rule.factors[f].carried for f in fs)
             k = ax.size(moving)
             for e, gs in enumerate(dims):
                 if len(gs) != 1 or e == d:
@@ -260,7 +261,12 @@ def _rehome(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], fa: Factor
                 g = gs[0]
                 have = fa.get(g, ())
                 n, shards = rule.factors[g].size, ax.size(have) * k
-                if rule.factors[g].kind != PASS or (n % shards and n < shards):  # (uneven: padded)
+                if rule.factors[g].kind != PASS:
+                    continue
+                if carried:  # a sort's axes: onto a sharded dim too, uneven padded
+                    if n % shards and n < shards:
+                        continue
+                elif have or n % k:  # others (gather's indexed dims, conv's kernel): an unsharded dim they divide
                     continue
                 fa[g] = ax.merge(mesh, list(ax.atoms(mesh, have)) + list(ax.atoms(mesh, moving)))
                 taken.extend(moving)
