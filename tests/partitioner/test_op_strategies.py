@@ -184,7 +184,8 @@ def test_sort_along_a_sharded_dim_moves_its_axes_by_all_to_all(name, spec):
     (eqn,) = _prims(plan, "sort")
     assert eqn.invars[0].aval.shape == (16 // (8 if "x" in str(spec) else 4), 32)  # the local sort: its rows only
     assert_same(f(x), jax.jit(fn)(x), rtol=0, atol=0)
-    assert f.plan(x).out_shardings == gp.spmd(fn, M24, in_shardings=(spec,)).plan(x).out_shardings
+    outs = jax.tree_util.tree_leaves(plan.out_shardings, is_leaf=lambda s: isinstance(s, gp.Sharding))
+    assert outs and all(s == gp.Sharding(M24, spec) for s in outs)  # the result keeps the operand's, as XLA's
 
 
 def test_top_k_along_a_sharded_dim_gathers_only_its_results():
