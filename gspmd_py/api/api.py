@@ -41,6 +41,13 @@ from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_c
 from ..frontend.constraints import constraint_errors, tracing_mesh
 from ..frontend.specs import spec_dims
 
+
+def trace_config() -> tuple:
+    """The parts of jax's configuration that change the traced program, part of every plan's
+    cache key as of jax.jit's: ``jax_threefry_partitionable`` decides which bits a key draws."""
+    return (bool(jax.config.jax_threefry_partitionable),)
+
+
 @attrs.define(eq=False)
 class _Entry:
     """One cached signature: the user's jaxpr, its plan, and the jit that stages it."""
@@ -121,6 +128,7 @@ class Spmd:
         fast = not kwargs and not self._sig.static_argnums and not self._sig.static_argnames
         if fast:  # a call seen before with concrete arrays: flatten, key, lookup, the compiled call
             key, leaves, _ = call_key(args)
+            key = (key, trace_config())
             e = self._fast.get(key)
             if e is not None:
                 exe = e.plan.executable
@@ -154,7 +162,7 @@ class Spmd:
 
     # -- planning ------------------------------------------------------------------------
     def _entry(self, call: Call) -> _Entry:
-        key = call.key
+        key = (call.key, trace_config())
         e = self._entries.get(key)
         if e is None:
             # the user's trace and the plan with the collector paused (compiler.gc_paused says

@@ -104,6 +104,14 @@ def eqn_flops(eqn) -> tuple[int, int]:
     if kind == F.TOP_K_FLOPS:
         a = eqn.invars[0].aval
         return size(a) * max(1, math.ceil(math.log2(max(p.get("k", 1), 2)))), 0
+    if kind == F.FACTOR_FLOPS:
+        a = eqn.invars[0].aval
+        core = min(a.shape[-2:]) if len(a.shape) >= 2 else 1
+        return size(a) * core, 0
+    if kind == F.FFT_FLOPS:
+        a = eqn.invars[0].aval
+        n = _prod(p.get("fft_lengths", ()))
+        return 5 * size(a) * max(1, math.ceil(math.log2(max(n, 2)))), 0
     if kind == F.SCATTER_FLOPS:
         return size(eqn.invars[2].aval) if len(eqn.invars) > 2 else 0, 0
     if kind == F.WINDOW_FLOPS:

@@ -53,6 +53,19 @@ def _source(eqn) -> str:
     return compat.source_summary(eqn.source_info)
 
 
+def _linear_solve_call(params, ins):
+    """(the solve jaxpr, its arguments) of a custom_linear_solve: its solve consts, then b.
+
+    The forward value of ``custom_linear_solve(matvec, b, solve, ...)`` is ``solve(b)``;
+    inlined, its ops (lu_solve's triangular solves over the batch) get their own rules, as
+    any call's. Its transpose rule is gone, which nothing here needs: a gradient of the
+    function is traced with its own custom_linear_solve."""
+    n = params["const_lengths"]
+    start = n.matvec + n.vecmat
+    total = start + n.solve + n.transpose_solve
+    return params["jaxprs"].solve, list(ins[start:start + n.solve]) + list(ins[total:])
+
+
 class _Builder:
     def __init__(self, ids: IdGen, mesh=None):
         self.ids = ids
@@ -133,6 +146,9 @@ class _Builder:
                 for var, v in zip(eqn.outvars, ins):
                     env[var] = v if v.is_const else self._barrier_of(v, ops, src)
                 continue
+            if name == "custom_linear_solve":  # its value is its solve jaxpr's (jnp.linalg.solve, inv)
+                sub, ins = _linear_solve_call(eqn.params, ins)
+                name = "jit"
             if name not in INLINE and name not in REGION and compat.is_high(eqn):
                 name, sub = "hijax", compat.expand_high(eqn)  # its expansion into ordinary primitives
             if (name in INLINE or name == "hijax") and sub is not None:

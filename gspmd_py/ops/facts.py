@@ -43,13 +43,15 @@ REDUCTION_FLOPS = "reduction"  # 1 per input element
 CUMULATIVE_FLOPS = "cumulative"  # 1 per operand element (+1 transcendental if ``transcendental``)
 SORT_FLOPS = "sort"  # n log2(len) per operand
 TOP_K_FLOPS = "top_k"  # n log2(k)
+FACTOR_FLOPS = "factor"  # matrix factorizations and solves: per matrix m * n * min(m, n) of operand 0
+FFT_FLOPS = "fft"  # 5 n log2(transform length) (the radix-2 count)
 SCATTER_FLOPS = "scatter"  # 1 per update element
 WINDOW_FLOPS = "window"  # output elements x window size
 SELECT_SCATTER_FLOPS = "select_and_scatter"  # operand elements x window size
 ZERO = "zero"  # data movement: no FLOPs (its bytes still count)
 FREE = "free"  # nothing runs (axis_index): no FLOPs, no bytes, no time
 FLOPS_KINDS = (ELEMENTWISE_FLOPS, PER_OUTPUT, DOT_FLOPS, CONV_FLOPS, REDUCTION_FLOPS, CUMULATIVE_FLOPS, SORT_FLOPS,
-               TOP_K_FLOPS, SCATTER_FLOPS, WINDOW_FLOPS, SELECT_SCATTER_FLOPS, ZERO, FREE)
+               TOP_K_FLOPS, FACTOR_FLOPS, FFT_FLOPS, SCATTER_FLOPS, WINDOW_FLOPS, SELECT_SCATTER_FLOPS, ZERO, FREE)
 
 # -- fusion (cost/fusion.py: XLA-style loop fusion) -------------------------------------------
 FUSIBLE = "fusible"  # fuses into its consumers and its producers fuse into it (elementwise, layout)

@@ -6,7 +6,9 @@
                                                                   candidates of every shard combined
     cumsum      [m,n] axis=0    -> [m,n]      "[i,j] -> [i,j]"    i: prefix (local scan + the carried
                                                                   totals of the shards before)
-    sort        [m,n] dimension=1 -> [m,n]    "[i,j] -> [i,j]"    j: need_replication
+    sort        [m,n] dimension=1 -> [m,n]    "[i,j] -> [i,j]"    j: need_replication, carried (the
+                                                                  result keeps the operand's sharding;
+                                                                  the sort runs with j's axes moved to i)
     top_k       [m,n] k         -> [m,k],[m,k] "[i,j] -> [i,l], [i,l]"   j, l: need_replication
                 (approx_top_k: the same along its reduction_dimension)
 """
@@ -56,7 +58,8 @@ def scan_along(op) -> OpRule:
 def sort(op) -> OpRule:
     dim = op.params["dimension"]
     b = RuleBuilder()
-    fs = [b.factor(s, NEED_REPLICATION if d == dim else PASS) for d, s in enumerate(op.inputs[0].shape)]
+    fs = [b.factor(s, NEED_REPLICATION, carried=True) if d == dim else b.factor(s)
+          for d, s in enumerate(op.inputs[0].shape)]
     for _ in op.inputs:
         b.operand(fs)
     for _ in op.outputs:
@@ -69,7 +72,8 @@ def top_k(op) -> OpRule:
     src = op.inputs[0].shape
     last = op.params["reduction_dimension"] % len(src) if op.prim == "approx_top_k" else len(src) - 1
     b = RuleBuilder()
-    fs = [b.factor(s, NEED_REPLICATION if d == last else PASS) for d, s in enumerate(src)]
+    # (carried: its axes may move onto another sharded dim for the local top_k, as a sort's)
+    fs = [b.factor(s, NEED_REPLICATION, carried=True) if d == last else b.factor(s) for d, s in enumerate(src)]
     k = b.factor(op.outputs[0].shape[last], NEED_REPLICATION)
     b.operand(fs)
     for _ in op.outputs:

@@ -1,7 +1,7 @@
-"""Ops computed whole on every device (key manipulation, linear algebra, FFT, generic
+"""Ops computed whole on every device (key manipulation, unbatched linear algebra, generic
 reductions): every factor needs replication.
 
-    fft  c64[m,n] -> c64[m,n]      "[i,j] -> [k,l]"   all: need_replication
+    random_split  key[] -> key[2]      "[] -> [i]"   i: need_replication
 
 The partitioner runs them on replicated operands and slices the result locally; when that
 moves or recomputes a sharded tensor it reports a replicated fallback.
@@ -14,9 +14,8 @@ from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
 RANDOM = ("random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
           "threefry2x32", "random_clone", "rng_bit_generator", "rng_uniform", "random_gamma")
-LINALG = ("custom_linear_solve", "linear_solve", "fft", "cholesky", "cholesky_update", "triangular_solve", "eig",
-          "eigh", "lu", "lu_pivots_to_permutation", "qr", "geqrf", "geqp3", "householder_product", "ormqr", "svd",
-          "schur", "hessenberg", "tridiagonal", "tridiagonal_solve", "symmetric_product")
+# (batched linear algebra and FFT: ops/linalg.py)
+LINALG = ("custom_linear_solve", "linear_solve", "cholesky_update", "ormqr", "symmetric_product")
 
 
 def whole(op) -> OpRule:

@@ -31,7 +31,11 @@ Factor kinds (what a sharded factor means, for every pass that reads the rule):
                     the others the identity: a dynamic slice of sharded rows)
   prefix            a scanned dim (cumsum, cummax): sharded, each device scans its rows and
                     adds the carried prefix of the shards before it
-  need_replication  must be unsharded for the op (sort axis, gather's indexed dims)
+  need_replication  must be unsharded for the op (sort axis, gather's indexed dims); a
+                    ``carried`` one (``Factor.carried``: the sort axis) still carries its
+                    tensors' sharding from operand to result in propagation (as XLA keeps
+                    a sort's sharding), while the recorded projection gives it no axes: they
+                    move to another dim of the op for the local computation (projection.py)
 
 Propagation moves shardings between tensors through factors; at its end it records, for
 every op, the factor -> axes assignment (the *projection*, propagation/projection.py).
@@ -57,7 +61,7 @@ HANDLER_NAMES = frozenset({
     "elementwise", "transpose", "broadcast", "reshape", "iota", "generic", "dot", "reduce", "argreduce",
     "cumulative", "along_dim", "conv", "reduce_window", "select_and_scatter_add", "pad", "slice", "rev",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "split", "control", "replicated", "random_bits",
-    "stack", "host_callback", "pure_callback", "scatter", "rotate", "ragged_dot",
+    "stack", "host_callback", "pure_callback", "scatter", "rotate", "ragged_dot", "batched",
 })
 
 TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first
@@ -69,6 +73,7 @@ class Factor:
     kind: str = PASS
     reduce: str = ""  # for REDUCTION factors: how partial results combine
     window: bool = False  # the op reads this factor's rows through a window (halo exchange)
+    carried: bool = False  # need_replication, but propagation carries its sharding between the tensors
 
     def __attrs_post_init__(self) -> None:
         if self.kind == WINDOW:
@@ -77,6 +82,8 @@ class Factor:
             raise ValueError(f"unknown factor kind {self.kind!r}")
         if (self.kind == REDUCTION) != bool(self.reduce) or (self.reduce and self.reduce not in REDUCE_OPS):
             raise ValueError(f"factor kind {self.kind!r} with reduce {self.reduce!r}")
+        if self.carried and self.kind != NEED_REPLICATION:
+            raise ValueError(f"factor kind {self.kind!r} cannot be carried (only need_replication)")
 
 
 @attrs.frozen(cache_hash=True)
@@ -141,10 +148,10 @@ class RuleBuilder:
         self._operands: list[TensorDims] = []
         self._results: list[TensorDims] = []
 
-    def factor(self, size: int, kind: str = PASS, reduce: str = "", window: bool = False) -> int:
+    def factor(self, size: int, kind: str = PASS, reduce: str = "", window: bool = False, carried: bool = False) -> int:
         if kind == REDUCTION and not reduce:
             reduce = "sum"
-        self._factors.append(Factor(int(size), kind, reduce, window))
+        self._factors.append(Factor(int(size), kind, reduce, window, carried))
         return len(self._factors) - 1
 
     def factors(self, sizes: Iterable[int], kind: str = PASS) -> list[int]:

@@ -21,8 +21,20 @@ def say_if_sharded(ctx: Ctx, op, how: str) -> None:
 
 
 @handler("replicated")
-def replicated(ctx: Ctx, op, rule, plan, args):
-    say_if_sharded(ctx, op, "computed replicated")
+def replicated(ctx: Ctx, op, rule, plan, args, how: str = "computed replicated"):
+    say_if_sharded(ctx, op, how)
     outs = op.primitive.bind(*[a.x for a in args], **op.params)
     outs = list(outs) if op.primitive.multiple_results else [outs]
     return [ctx.pv(o, v.shape, ((),) * v.rank) for o, v in zip(outs, op.outputs)]
+
+
+@handler("batched")
+def batched(ctx: Ctx, op, rule, plan, args):
+    """Batched linear algebra / FFT (ops/linalg.py): each device solves the problems of its
+    block of the batch dims; the core dims arrive whole. Reported as a replicated fallback
+    when no batch dim is sharded but a tensor is (every device then solves every problem)."""
+    if not plan.factors:
+        say_if_sharded(ctx, op, "computed replicated (no batch dim carries the sharding)")
+    outs = op.primitive.bind(*[a.x for a in args], **op.params)
+    outs = list(outs) if op.primitive.multiple_results else [outs]
+    return [ctx.pv(o, v.shape, t) for o, v, t in zip(outs, op.outputs, plan.results)]

@@ -118,7 +118,8 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
     for i, (a, mode) in enumerate(zip(args, modes)):
         target = operand_target(rule, i, a, plan.operands[i])
         _note_forced_gathers(ctx, rule, i, a, target)
-        xs.append(reshard(ctx, a, target, keep_partial=(mode == KEEP)))
+        fresh = _regenerated(ctx, op.inputs[i], a, target)
+        xs.append(fresh if fresh is not None else reshard(ctx, a, target, keep_partial=(mode == KEEP)))
     # the partial the results carry is what the reshards returned, never the operands'
     # partial before them: a reshard onto a partial axis IS that axis's reduction
     modes, carried = settle_kept(ctx, xs, modes)
@@ -141,6 +142,16 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
         p = Partial(tuple(sorted(set(carried.axes) | set(own), key=ctx.fine.names.index)), carried.op)
         out.append(ctx.pv(r.x, r.shape, r.dims, p, r.dtype))
     return out
+
+
+def _regenerated(ctx: Ctx, v, a: PValue, target: FineDims) -> PValue | None:
+    """An iota wanted in another layout than it was made in is made again in that one (its
+    local block costs what a reshard's copy does, and moves nothing): ``jnp.argsort``'s index
+    operand follows the values to the dim their sort moved its axes to, without an all-to-all."""
+    src = v.producer
+    if src is None or src.prim != "iota" or a.partial is not None or tuple(a.dims) == tuple(target):
+        return None
+    return registry.HANDLERS["iota"](ctx, src, ctx.rules[src.id], OpPlan({}, (), (tuple(target),)), [])[0]
 
 
 def _held_wide(ctx: Ctx, op: Op, plan: OpPlan, xs: list[PValue], modes, carried: Partial):
@@ -166,8 +177,10 @@ def _note_forced_gathers(ctx: Ctx, rule: OpRule, i: int, a: PValue, target: Fine
     for d, (have, fs) in enumerate(zip(a.dims, rule.operands[i])):
         lost = [x for x in have if x not in target[d]]
         if lost and fs and all(rule.factors[f].kind == NEED_REPLICATION for f in fs):
+            moved = [e for e, t in enumerate(target) if e != d and any(x in t for x in lost)]
+            how = f"moved to dim {moved[0]}" if moved else "gathered whole"
             ctx.note(f"operand {i} dim {d} (size {a.shape[d]}) needs replication for "
-                     f"this op: sharded over {ctx.fine.label(lost)}, gathered whole")
+                     f"this op: sharded over {ctx.fine.label(lost)}, {how}")
 
 
 def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset = frozenset()) -> list[PValue]:

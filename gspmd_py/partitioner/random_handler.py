@@ -8,6 +8,10 @@ indices of its block, ``sum_d (o_d + i_d) * stride_d``, and the same function of
     random_bits(key, (8, 12)) over [{x}, {y}] on (2, 4): device (1, 2) draws elements
     [4:8, 6:9], counters 4*12+6 ... 7*12+8
 
+The key's two words enter threefry as scalars (a batch of keys: K_local + (1, ..)), which
+it broadcasts, as jax's own draw does: per-element copies of the key were two more
+full-size tensors through the hash (3-5x slower per call, even on a 1-device mesh).
+
 Padding rows of uneven dims get counters past the end (their values are never used). Other
 key implementations, the original (non-partitionable) threefry, and draws of 2**32 elements
 or more are computed whole on every device and reported.
@@ -50,7 +54,7 @@ def partition_random_bits(ctx: Ctx, op, rule, plan, args):
     why = _partitionable(op)
     if why:
         ctx.note(f"{why}: drawn whole on every device")
-        return replicated(ctx, op, rule, plan, args)
+        return replicated(ctx, op, rule, plan, args, how=f"{why}: computed replicated")
     key = args[0]
     shape, width = tuple(op.params["shape"]), op.params["bit_width"]
     out = op.outputs[0]
@@ -62,12 +66,11 @@ def partition_random_bits(ctx: Ctx, op, rule, plan, args):
     for d, (n, axes) in enumerate(zip(shape, dims[nk:])):
         idx = lax.broadcasted_iota(jnp.uint32, local, d) + ctx.offset(n, axes).astype(jnp.uint32)
         lo = lo + idx * jnp.uint32(strides[d])
-    hi = jnp.zeros(local, jnp.uint32)
     data = jax.random.key_data(key.x)  # K_local + (2,)
-    expand = (...,) + (None,) * len(shape)
-    k1 = jnp.broadcast_to(data[..., 0][expand], data.shape[:-1] + local)
-    k2 = jnp.broadcast_to(data[..., 1][expand], data.shape[:-1] + local)
-    hi, lo = (jnp.broadcast_to(a, k1.shape) for a in (hi, lo))
+    bcast = data.shape[:-1] + (1,) * len(shape)
+    k1, k2 = data[..., 0].reshape(bcast), data[..., 1].reshape(bcast)
+    lo = lo.reshape((1,) * nk + local)
+    hi = jnp.zeros_like(lo)
     b1, b2 = _threefry().bind(k1, k2, hi, lo)
     dtype = np.dtype(out.dtype)
     if width == 64:

@@ -204,7 +204,7 @@ def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) ->
             got = params[b.param]
             got = list(got) if isinstance(got, (tuple, list)) else got
             got[b.position] = _combine_body(index, b, groups, axis_env)
-            params[b.param] = type(v)(got)
+            params[b.param] = type(v)(*got) if hasattr(v, "_fields") else type(v)(got)  # (a namedtuple)
     return params
 
 

@@ -205,7 +205,7 @@ class Propagation:
                 new = projected[t][d]
                 if not new or new == st[d].axes or not fs or st[d].closed:  # (most visits: nothing new)
                     continue
-                if rule.factors[fs[0]].kind == NEED_REPLICATION:
+                if rule.factors[fs[0]].kind == NEED_REPLICATION and not rule.factors[fs[0]].carried:
                     continue
                 n_old = len(ax.atoms(mesh, st[d].axes))
                 if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):

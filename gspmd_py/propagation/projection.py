@@ -32,9 +32,12 @@ axes, so that a contested factor cannot take an axis from an agreed one. Two con
 * a factor that shares a dim with other factors gets only axes that divide its size (a
   local reshape needs whole factors), and a factor whose axes a dim cannot show (a more
   major factor of that dim is not fully sharded) gets none;
-* ``need_replication`` factors get none. In decide mode a dim that loses its axes that
-  way hands them to an unsharded pass factor of the same tensor that they divide (sort
-  along a sharded dim: the axes move to another dim by one all-to-all, GSPMD paper §3.5).
+* ``need_replication`` factors get none (a ``carried`` one does in propagation, so that a
+  sort's result keeps its operand's sharding). In decide mode a dim that loses its axes that
+  way hands them to an unsharded pass factor of the same tensor that they divide; a carried
+  dim's axes may also go to a sharded one (appended) or an uneven one (padded, a row per
+  shard at least): sort along a sharded dim: the axes move to another dim by one all-to-all,
+  GSPMD paper §3.5, and back by another where the consumer holds the sorted dim sharded.
 """
 from __future__ import annotations
 
@@ -93,8 +96,10 @@ class Projection:
         return self.factors.get(f, ())
 
 
-def offers(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> dict[int, list[Offer]]:
-    """Each tensor dim offers its axes to its factors (distributed over them, major first)."""
+def offers(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: bool = False
+           ) -> dict[int, list[Offer]]:
+    """Each tensor dim offers its axes to its factors (distributed over them, major first);
+    need_replication factors take none, except carried ones in propagation (not ``decide``)."""
     out: dict[int, list[Offer]] = {}
     for t, (st, dims) in enumerate(zip(tensors, rule.tensors)):
         for d, fs in enumerate(dims):
@@ -102,7 +107,8 @@ def offers(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> dict[int
                 continue
             sizes = [rule.factors[f].size for f in fs]
             for f, axes in zip(fs, ax.distribute(mesh, st.axes[d], sizes)):
-                if axes and rule.factors[f].kind != NEED_REPLICATION:
+                fac = rule.factors[f]
+                if axes and (fac.kind != NEED_REPLICATION or (fac.carried and not decide)):
                     out.setdefault(f, []).append(Offer(st.prios[d], t, axes, st.size))
     return out
 
@@ -172,7 +178,7 @@ def _project_cached(mesh: Mesh, rule: OpRule, key: tuple, decide: bool):
 def _project(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: bool):
     chosen: dict[int, tuple[Axes, float, Offer]] = {}
     agree: dict[int, int] = {}
-    for f, cands in offers(mesh, rule, tensors).items():
+    for f, cands in offers(mesh, rule, tensors, decide).items():
         m = merge(mesh, cands, decide)
         if m is not None and m[0]:
             chosen[f] = m
@@ -247,14 +253,22 @@ def _rehome(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], fa: Factor
             moving = ax.truncate_at_overlap(mesh, st.axes[d], taken)
             if not moving:
                 continue
+            carried = all(rule.factors[f].carried for f in fs)
             k = ax.size(moving)
             for e, gs in enumerate(dims):
                 if len(gs) != 1 or e == d:
                     continue
                 g = gs[0]
-                if rule.factors[g].kind != PASS or g in fa or rule.factors[g].size % k:
+                have = fa.get(g, ())
+                n, shards = rule.factors[g].size, ax.size(have) * k
+                if rule.factors[g].kind != PASS:
                     continue
-                fa[g] = moving
+                if carried:  # a sort's axes: onto a sharded dim too, uneven padded
+                    if n % shards and n < shards:
+                        continue
+                elif have or n % k:  # others (gather's indexed dims, conv's kernel): an unsharded dim they divide
+                    continue
+                fa[g] = ax.merge(mesh, list(ax.atoms(mesh, have)) + list(ax.atoms(mesh, moving)))
                 taken.extend(moving)
                 break
 

@@ -67,7 +67,7 @@ def test_the_partition_pass_returns_its_diagnostics_as_a_value():
     mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
 
     def fn(x):
-        return jnp.sort(gp.annotate(x, P("x", None)), axis=0)  # sorting a sharded dim: gathered whole
+        return jnp.sort(gp.annotate(x, P("x", None)), axis=0)  # sorting a sharded dim: its axis moves to dim 1
 
     closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((8, 4), jnp.float32))
     s = compiler.seed(compiler.trace(closed, mesh), mesh)
