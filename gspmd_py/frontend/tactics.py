@@ -209,6 +209,10 @@ class Auto:
         from ..search.optimizer import search
 
         names = list(self.axes_) or ctx.free_axes()
+        if not names:  # earlier tactics used every axis: nothing to search, and the report says so
+            ctx.log.append(TacticRecord(str(self), (), note="every mesh axis was decided by an earlier tactic: "
+                                                            "nothing left to search, no decision made"))
+            return
         for n in names:
             _axis(ctx, n, str(self))
         before = _snapshot(ctx)

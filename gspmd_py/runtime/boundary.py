@@ -123,7 +123,7 @@ class Boundary:
             closed, padded, dtypes = self._jaxpr, self.padded_shapes, self.dtypes
 
             def run(*xs):
-                xs = [jnp.pad(x.astype(dtypes[i]), [(0, p - n) for n, p in zip(x.shape, padded[i])])
+                xs = [pad_array(x, [(0, p - n) for n, p in zip(x.shape, padded[i])], dtypes[i])
                       if x.shape != padded[i] else x for i, x in enumerate(xs)]
                 return tuple(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *xs))  # no re-trace of the plan
 
@@ -209,7 +209,19 @@ def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np
     import jax.numpy as jnp
 
     pads = [(0, p - n) for n, p in zip(shape, padded_shape)]
-    return jax.jit(lambda v: jnp.pad(v.astype(dtype), pads), out_shardings=target)
+    return jax.jit(lambda v: pad_array(v, pads, dtype), out_shardings=target)
+
+
+def pad_array(x, pads: Sequence[tuple[int, int]], dtype):
+    """``x`` as ``dtype``, zero-padded by ``pads`` (low, high) per dim; a typed PRNG key array
+    is padded as its uint32 words (jnp.pad takes no key dtype)."""
+    import jax.numpy as jnp
+
+    from ..partitioner.context import on_words
+
+    if x.dtype != dtype:
+        x = x.astype(dtype)
+    return on_words(lambda w: jnp.pad(w, list(pads) + [(0, 0)] * (w.ndim - len(pads))), x)
 
 
 # ---------------------------------------------------------------------------------------
