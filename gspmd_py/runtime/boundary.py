@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..errors import DeletedArrayError
+from .placed import MARK, logical_shape, mark, unpad
 
 
 #: Uneven numpy inputs from this size up are padded per shard on the host (each device gets
@@ -84,8 +85,12 @@ class Boundary:
     def call(self, executable: Callable, leaves: Sequence[Any]):
         """``executable`` (the compiled program) on the leaves; placed explicitly only if it rejects them."""
         for i, x in enumerate(leaves):  # XLA crashes the process (SIGSEGV) on a deleted buffer
-            if isinstance(x, jax.Array) and x.is_deleted():
-                raise self._deleted(i, x)
+            if isinstance(x, jax.Array):
+                if x.is_deleted():
+                    raise self._deleted(i, x)
+                if getattr(x, MARK, None) is not None and x.shape != self.padded_shapes[i]:
+                    leaves = self._unpadded(leaves)  # placed (padded) for a plan that pads it otherwise
+                    break
         if self._global is not None:
             return executable(*self._global(leaves))
         args, exe = leaves, executable
@@ -136,15 +141,28 @@ class Boundary:
     def place(self, leaves: Sequence[Any]) -> list:
         """Every leaf as a global jax.Array in its input sharding (uneven dims padded).
 
-        jax.Arrays already laid out so are returned as they are (the same object).
+        jax.Arrays already laid out so are returned as they are (the same object). An array
+        padded here is marked with its logical shape (placed.py): passed back to a gp.spmd
+        function it is planned and computed on as the array it stands for, never its padding.
         """
-        if self._global is not None:
-            return self._global(leaves)
-        out = []
-        for i, x in enumerate(leaves):
-            if i in self.uneven and tuple(np.shape(x)) == self.shapes[i]:
-                x = self.pad(i, x)
-            out.append(self._put(i, x))
+        leaves = self._unpadded(leaves)
+        out = self._global(leaves) if self._global is not None else [
+            self._put(i, self.pad(i, x) if i in self.uneven and tuple(np.shape(x)) == self.shapes[i] else x)
+            for i, x in enumerate(leaves)]
+        for i in self.uneven:  # padded from an array of the logical shape: it says so (placed.py)
+            came = logical_shape(leaves[i]) or tuple(np.shape(leaves[i]))
+            if came == self.shapes[i] and out[i].shape == self.padded_shapes[i]:
+                mark(out[i], self.shapes[i])
+        return out
+
+    def _unpadded(self, leaves: Sequence[Any]) -> list:
+        """The leaves, each array ``place`` padded (placed.py) that this plan does not take as it
+        is cut back to its logical shape."""
+        out = list(leaves)
+        for i, x in enumerate(out):
+            m = logical_shape(x)
+            if m is not None and x.shape != self.padded_shapes[i]:
+                out[i] = unpad(x, m)
         return out
 
     def _put(self, i: int, x):
@@ -243,9 +261,11 @@ def call_key(args) -> tuple[Any, list, Any]:
     """
     leaves, tree = jax.tree_util.tree_flatten(args)
     try:
-        sig = tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves])
+        # (an array plan.place padded keys as its logical shape: placed.py)
+        sig = tuple([(type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
+                     for x in leaves])
     except AttributeError:
-        sig = tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", False))
+        sig = tuple([(type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
                      if hasattr(x, "shape") and hasattr(x, "dtype") else (type(x),) for x in leaves])
     return (tree, sig), leaves, tree
 
