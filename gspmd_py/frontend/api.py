@@ -108,7 +108,9 @@ class Spmd:
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
         # bounded LRUs (PLAN_CACHE_SIZE = 64 keys each): entries by full call key, and the fast path's
         # entries by call_key (tree + type/shape/dtype per leaf) for calls without statics or keywords
-        self._entries = PlanCache(PLAN_CACHE_SIZE)
+        # (the entries' cache collects what it evicts: runtime/boundary.py's collect_evicted; the fast
+        # path's holds the same entries, evicted in step)
+        self._entries = PlanCache(PLAN_CACHE_SIZE, collect=True)
         self._fast = PlanCache(PLAN_CACHE_SIZE)
         # copy __name__/__doc__/..., never the wrapped object's __dict__ (eqx.filter_jit's "fn" field
         # would replace this object's own attributes)
