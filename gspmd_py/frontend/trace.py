@@ -29,6 +29,7 @@ import numpy as np
 
 from .annotate import annotate_p, spec_entries
 from .constraints import CONSTRAINTS, as_annotation, tracing_mesh
+from ..dtypes import is_key
 from ..errors import ShardingError
 from . import shifts
 from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
@@ -65,6 +66,8 @@ class _Builder:
     def const(self, data, dtype=None) -> Value:
         """A constant Value; ``dtype`` is the jaxpr's type for it (a Python scalar literal is
         weakly typed: ``int8_array * 3`` multiplies by an int8 3, not an int32 one)."""
+        if is_key(getattr(data, "dtype", None)):  # a typed PRNG key (no NumPy form): kept as the jax array
+            return new_value(self.ids, tuple(data.shape), data.dtype, const=data)
         arr = np.asarray(data)
         if dtype is not None and arr.dtype != np.dtype(dtype):
             arr = np.asarray(data, dtype=dtype)

@@ -205,7 +205,10 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset 
 def _constant(value, dtype):
     """A plan-time constant as the program's operand: a scalar as a NumPy scalar (JAX stages it
     as a literal of the equation, as it was in the user's jaxpr; ``jnp.asarray`` would first
-    place it on a device, ~0.1 ms each), anything else as a jax array."""
+    place it on a device, ~0.1 ms each), anything else as a jax array (a typed PRNG key
+    constant is kept as one: it has no NumPy form)."""
+    if dtypes.is_key(dtype):
+        return value
     if np.ndim(value) == 0:
         return np.asarray(value, dtype=dtype)[()]
     return jnp.asarray(value, dtype=dtype)

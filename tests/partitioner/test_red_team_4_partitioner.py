@@ -75,3 +75,16 @@ def test_linear_solves_in_a_combined_program(name):
 
     f = gp.spmd(fn, mesh, in_shardings=(P("x", "y"), P("y", "x")))
     assert_same(f(a, b), fn(a, b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::gspmd_py.PartitionWarning")
+def test_closed_over_key_constants():
+    """A typed key closed over (a constant of the program, no NumPy form) is kept as the jax array."""
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    k = jax.random.key(3)
+    ks = jax.random.split(k, 8)
+    x = rand((8, 4))
+    for fn in [lambda a: a + jax.random.uniform(k, a.shape),
+               lambda a: a + jax.vmap(lambda kk: jax.random.uniform(kk, (4,)))(ks),
+               lambda a: jax.random.key_data(jax.random.split(k, 8)) + a.sum().astype(jnp.uint32)]:
+        assert_same(gp.spmd(fn, mesh, in_shardings=(P("x", "y"),))(x), fn(x))
