@@ -278,7 +278,8 @@ def call_key(args) -> tuple[Any, list, Any]:
     leaves, tree = jax.tree_util.tree_flatten(args)
     try:
         # (an array plan.place padded keys as its logical shape: placed.py)
-        sig = tuple([(type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
+        sig = tuple([(type(x), x.shape, x.dtype, False) if type(x) is np.ndarray else
+                     (type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
                      for x in leaves])
     except AttributeError:
         sig = tuple([(type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
