@@ -66,8 +66,19 @@ def is_unsigned(dt: Any) -> bool:
     return bool(jnp.issubdtype(dtype(dt), jnp.unsignedinteger))
 
 
+def is_key(dt: Any) -> bool:
+    """A typed PRNG key dtype (``key<fry>``): an extended dtype, uint32 words underneath."""
+    import jax
+
+    return not isinstance(dt, np.dtype) and bool(jax.dtypes.issubdtype(dt, jax.dtypes.extended))
+
+
 def itemsize(dt: Any) -> int:
-    return dtype(dt).itemsize
+    """Bytes per element; a typed key's are its words' (``key<fry>``: 2 uint32, 8 bytes)."""
+    try:
+        return np.dtype(dt).itemsize
+    except TypeError:
+        return int(getattr(dt, "itemsize", 8))
 
 
 def identity(op: str, dt: Any) -> np.ndarray:

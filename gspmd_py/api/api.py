@@ -31,12 +31,14 @@ import jax.numpy as jnp
 
 from .arguments import Call, Signature
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
+from ..runtime.placed import logical_shape, unpad
 from ..errors import ArgumentError, ShardingError
 from ..compiler import Dims, gc_paused, plan_jaxpr
 from ..ir import Value
 from ..mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
+from .batch_axes import duplicate_axis_error
 from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
 from ..frontend.constraints import constraint_errors, tracing_mesh
 from ..frontend.specs import spec_dims
@@ -72,7 +74,21 @@ class _Entry:
             jaxpr, params = self.jaxpr, self.params
             self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
                                    out_shardings=out_sh, donate_argnums=self.donate)
-        return jax.tree_util.tree_unflatten(self.out_tree, list(self._staged(*self.closure, *leaves)))
+        leaves = [x if (m := logical_shape(x)) is None else unpad(x, m) for x in leaves]  # plan.place's padding off
+        try:
+            outs = self._staged(*self.closure, *leaves)
+        except Exception as e:  # noqa: BLE001 - JAX's error of a vmap over an axis the plan uses, said clearly
+            err = duplicate_axis_error(self.plan.fn_name, e, self._layouts())
+            if err is None:
+                raise
+            raise err from None
+        return jax.tree_util.tree_unflatten(self.out_tree, list(outs))
+
+    def _layouts(self) -> list:
+        """(label, NamedSharding) per input and output of the staged call, for messages."""
+        exe, plan = self.plan.executable, self.plan
+        return (list(zip(plan.in_names, exe.staged_in_shardings()))
+                + [(f"output {i}", s) for i, (s, _) in enumerate(exe.staged_out_shardings())])
 
 
 class Spmd:
@@ -101,7 +117,9 @@ class Spmd:
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
         # bounded LRUs (PLAN_CACHE_SIZE = 64 keys each): entries by full call key, and the fast path's
         # entries by call_key (tree + type/shape/dtype per leaf) for calls without statics or keywords
-        self._entries = PlanCache(PLAN_CACHE_SIZE)
+        # (the entries' cache collects what it evicts: runtime/boundary.py's collect_evicted; the fast
+        # path's holds the same entries, evicted in step)
+        self._entries = PlanCache(PLAN_CACHE_SIZE, collect=True)
         self._fast = PlanCache(PLAN_CACHE_SIZE)
         # copy __name__/__doc__/..., never the wrapped object's __dict__ (eqx.filter_jit's "fn" field
         # would replace this object's own attributes)

@@ -22,6 +22,7 @@ import numpy as np
 from jax import core as jcore
 
 from ..errors import ArgumentError, short_repr
+from ..runtime.placed import logical_shape
 
 _SCALARS = (bool, int, float, complex)
 
@@ -182,8 +183,8 @@ def _aval(x, i: int, call: Call, plan_only: bool):
     if isinstance(x, np.ndarray):
         return jax.ShapeDtypeStruct(x.shape, _array_dtype(x, i, call))
     if isinstance(x, jax.Array):  # tracers too: keep weak types, as jax.jit does
-        a = x.aval
-        return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+        a = x.aval  # an array plan.place padded stands for its logical shape (runtime/placed.py)
+        return jax.ShapeDtypeStruct(logical_shape(x) or a.shape, a.dtype, weak_type=a.weak_type)
     fn_name = call.sig.fn_name
     label = _Label(call, i)
     if isinstance(x, jax.ShapeDtypeStruct):

@@ -43,6 +43,7 @@ from .. import jax_compat as compat
 from ..jax_compat import ad, batching, mlir, pe
 
 from ..errors import ShardingError
+from .batch_axes import check_batch_axes
 from ..runtime.layout import own_mesh
 from ..mesh import Mesh
 
@@ -355,6 +356,7 @@ def _batch(axis_data, args, dims, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     # unbatched inputs (e.g. the residuals under jax.jacrev's vmap of a vjp) keep their layouts
     hints = [h if d is None else None for h, d in zip(spmd.hints(len(args)), dims)]
     batch = _batch_axes(spmd.mesh, axis_data.spmd_name)
+    check_batch_axes(spmd.name, batch, list(spmd.ins(len(args))) + list(spmd.outs(len(out_dims))))
     ins = [_batched(g, d, batch, a.ndim) for g, d, a in zip(spmd.ins(len(args)), dims, jaxpr.in_avals)]
     outs = [_batched(g, d, batch, a.ndim) for g, d, a in zip(spmd.outs(len(out_dims)), out_dims, jaxpr.out_avals)]
     return bind(args, b_jaxpr, spmd.derive(hints, ins, outs)), out_dims

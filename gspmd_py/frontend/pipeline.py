@@ -46,6 +46,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .annotate import OPEN, annotate
+from ..dtypes import short_name
 from ..errors import ArgumentError
 
 # the identity on a pipeline's result, carrying its schedule (plan.report() prints it)
@@ -95,6 +96,7 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatche
     sched = _schedule(stage_params, x, axis, microbatches, circular_repeats)
     S, M, R = sched.stages, sched.microbatches, sched.repeats
     mb = x.shape[0] // M
+    _check_stage_fn(stage_fn, stage_params, jax.ShapeDtypeStruct((mb,) + tuple(x.shape[1:]), x.dtype))
     # rows m, m + M, ... form microbatch m: a reshape whose major dim keeps x's batch sharding
     xs = jnp.swapaxes(x.reshape((mb, M) + x.shape[1:]), 0, 1)  # [M, mb, ...]
     params = jax.tree_util.tree_map(lambda p: _circular(p, S, R, axis), stage_params)
@@ -166,6 +168,27 @@ def _schedule(stage_params, x, axis: str, microbatches: int, repeats: int) -> Sc
         raise ArgumentError(f"gp.pipeline: circular_repeats={repeats} needs microbatches >= stages ({microbatches} < "
                             f"{stages}): a microbatch's output must come back to stage 0 before its next repeat")
     return Schedule(stages, microbatches, repeats)
+
+
+def _check_stage_fn(stage_fn: Callable, stage_params, micro: jax.ShapeDtypeStruct) -> None:
+    """``stage_fn(one layer, one microbatch)`` returns one array of the microbatch's shape and
+    dtype (the schedule feeds each stage's output to the next): said here, naming stage_fn,
+    rather than as a JAX error from inside the loop."""
+    layer = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p)[1:], jnp.result_type(p)),
+                                   stage_params)
+    got = jax.eval_shape(stage_fn, layer, micro)
+    name = getattr(stage_fn, "__name__", None) or type(stage_fn).__name__
+    want = f"{short_name(micro.dtype)}{list(micro.shape)}"
+    if not isinstance(got, jax.ShapeDtypeStruct):
+        leaves = jax.tree_util.tree_leaves(got)
+        raise ArgumentError(f"gp.pipeline: stage_fn {name} returns a {type(got).__name__} of {len(leaves)} "
+                            f"arrays; it must return one array like its microbatch input ({want}): each "
+                            f"stage's output is the next stage's input")
+    if tuple(got.shape) != tuple(micro.shape) or got.dtype != micro.dtype:
+        raise ArgumentError(f"gp.pipeline: stage_fn {name} maps a microbatch {want} to "
+                            f"{short_name(got.dtype)}{list(got.shape)}; it must keep the shape and dtype "
+                            f"(each stage's output is the next stage's input): cast or project inside stage_fn, "
+                            f"or change the width outside the pipeline")
 
 
 def _on_stages(v, axis: str, dim: int):

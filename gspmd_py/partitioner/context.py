@@ -32,10 +32,12 @@ import math
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import attrs
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..dtypes import is_key
 from .diagnostics import Diagnostics, Fallback, Held
 from ..fine_mesh import FineMesh
 from .pvalue import FineDims, Partial, PValue, ceil_div, local_shape, shards
@@ -208,7 +210,8 @@ class Ctx:
             v = self.valid(pv, d)
             shape = [1] * x.ndim
             shape[d] = x.shape[d]
-            x = jnp.where(v.reshape(shape), x, jnp.asarray(fill, dtype=x.dtype))
+            x = on_words(lambda w: jnp.where(v.reshape(shape + [1] * (w.ndim - len(shape))), w,
+                                             jnp.asarray(fill if w is x else 0, dtype=w.dtype)), x)
         return x
 
     # -- collectives -----------------------------------------------------------------
@@ -219,7 +222,7 @@ class Ctx:
         hit = self.cache.collectives.get(key)
         if hit is not None and hit[0] is x:
             return hit[1]
-        out = _all_gather_major(x, tuple(axes), dim)
+        out = on_words(_all_gather_major, x, tuple(axes), dim)
         self.cache.collectives[key] = (x, out)
         return out
 
@@ -231,7 +234,7 @@ class Ctx:
         return _reduce_scatter_major(x, tuple(axes), dim, self.k(tuple(axes)))
 
     def all_to_all(self, x, axes: Sequence[str], split: int, concat: int):
-        return lax.all_to_all(x, tuple(axes), split, concat, tiled=True)
+        return on_words(lax.all_to_all, x, tuple(axes), split, concat, tiled=True)
 
     def permute(self, x, axes: Sequence[str], perm: Sequence[tuple[int, int]]):
         """Send shard ``src`` to ``dst`` for each (src, dst) in ``perm``; both are linear
@@ -250,7 +253,7 @@ class Ctx:
             inv = np.empty(to_mesh.size, np.int64)
             inv[to_mesh.reshape(-1)] = np.arange(to_mesh.size)
             pairs = [(int(inv[a]), int(inv[b])) for a, b in pairs]
-        return lax.ppermute(x, mesh_order, perm=tuple(pairs))
+        return on_words(lax.ppermute, x, mesh_order, perm=tuple(pairs))
 
 
 def pad_dim(x, d: int, size: int):
@@ -260,9 +263,17 @@ def pad_dim(x, d: int, size: int):
         return x
     if cur > size:
         return lax.slice_in_dim(x, 0, size, axis=d)
-    cfg = [(0, 0)] * x.ndim
-    cfg[d] = (0, size - cur)
-    return jnp.pad(x, cfg)
+    return on_words(lambda w: jnp.pad(w, [(0, size - cur) if i == d else (0, 0) for i in range(w.ndim)]), x)
+
+
+def on_words(fn, x, *args, **kwargs):
+    """``fn(x, *args, **kwargs)``; a typed PRNG key array (``key<fry>``) goes through as its
+    uint32 words (``jax.random.key_data``: a trailing dim) and is wrapped back after, since
+    collectives, pads and selects take no key dtype. ``fn`` works on x's leading dims only."""
+    if not is_key(x.dtype):
+        return fn(x, *args, **kwargs)
+    impl = jax.random.key_impl(x)
+    return jax.random.wrap_key_data(fn(jax.random.key_data(x), *args, **kwargs), impl=impl)
 
 
 def dyn_slice_dim(x, d: int, start, size: int):

@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from .. import halo_tables, index_math
-from .context import Ctx
+from .context import Ctx, on_words
 from .pvalue import ceil_div
 
 
@@ -53,9 +53,8 @@ def _bshape(ndim: int, d: int, n: int) -> list[int]:
 def pad_rows(x, d: int, lo: int, hi: int, fill=0):
     if lo == 0 and hi == 0:
         return x
-    cfg = [(0, 0, 0)] * x.ndim
-    cfg[d] = (lo, hi, 0)
-    return lax.pad(x, jnp.asarray(fill, x.dtype), cfg)
+    return on_words(lambda w: lax.pad(w, jnp.asarray(fill if w is x else 0, w.dtype),
+                                      [(lo, hi, 0) if i == d else (0, 0, 0) for i in range(w.ndim)]), x)
 
 
 def row_mask(ndim: int, d: int, n: int, lo, hi, start=0):

@@ -108,13 +108,13 @@ def settle_kept(ctx, xs: list[PValue], modes: list[str]) -> tuple[list[str], Opt
 
 def _is_zero(v) -> bool:
     """A plan-time constant +0 or -0 (a sum of zeros is that zero on every device count)."""
-    return v.const is not None and bool(np.all(np.asarray(v.const) == 0))
+    return v.const is not None and not dtypes.is_key(v.dtype) and bool(np.all(np.asarray(v.const) == 0))
 
 
 def _safe_factor(v, divisor: bool) -> bool:
     """A plan-time constant c with c * (a1 + a2) == c*a1 + c*a2 for every a1, a2 (c finite;
     nonzero too as a divisor: (5 + 0) / 0 = inf but 5/0 + 0/0 = nan)."""
-    if v.const is None:
+    if v.const is None or dtypes.is_key(v.dtype):
         return False
     c = np.asarray(v.const)
     if dtypes.is_int(c.dtype) or dtypes.is_bool(c.dtype):

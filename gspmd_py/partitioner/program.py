@@ -219,9 +219,12 @@ def _constant(value, dtype):
     """A plan-time constant as the program's operand: a scalar as a NumPy scalar (JAX stages it
     as a literal of the equation, as it was in the user's jaxpr; ``jnp.asarray`` would first
     place it on a device, ~0.1 ms each), anything else as a jax array. A float0 (the tangent of an
-    integer) holds no data: NumPy zeros of its shape, as JAX itself passes float0 values."""
+    integer) holds no data: NumPy zeros of its shape, as JAX itself passes float0 values; a typed PRNG
+    key constant is kept as the jax array it is (it has no NumPy form)."""
     if dtypes.is_float0(dtype):
         return np.zeros(np.shape(value), dtype=dtype)
+    if dtypes.is_key(dtype):
+        return value
     if np.ndim(value) == 0:
         return np.asarray(value, dtype=dtype)[()]
     return jnp.asarray(value, dtype=dtype)

@@ -29,6 +29,7 @@ from .. import jax_compat as compat
 from .context import Ctx
 from .fallback import replicated
 from .registry import handler
+from .reshard import reshard
 
 
 def _threefry():
@@ -54,7 +55,9 @@ def partition_random_bits(ctx: Ctx, op, rule, plan, args):
     why = _partitionable(op)
     if why:
         ctx.note(f"{why}: drawn whole on every device")
-        return replicated(ctx, op, rule, plan, args, how=f"{why}: computed replicated")
+        # from the whole keys: a device's own keys would draw only its rows (as a replicated block)
+        return replicated(ctx, op, rule, plan, [reshard(ctx, a, ((),) * a.rank) for a in args],
+                          how=f"{why}: computed replicated")
     key = args[0]
     shape, width = tuple(op.params["shape"]), op.params["bit_width"]
     out = op.outputs[0]

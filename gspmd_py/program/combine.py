@@ -204,8 +204,16 @@ def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) ->
             got = params[b.param]
             got = list(got) if isinstance(got, (tuple, list)) else got
             got[b.position] = _combine_body(index, b, groups, axis_env)
-            params[b.param] = type(v)(*got) if hasattr(v, "_fields") else type(v)(got)  # (a namedtuple)
+            params[b.param] = _same_kind(v, got)
     return params
+
+
+def _same_kind(v, items: list):
+    """``items`` as a sequence of ``v``'s type: a NamedTuple (custom_linear_solve's
+    ``_LinearSolveTuple``) takes its fields positionally, a tuple or list the iterable."""
+    if isinstance(v, tuple) and hasattr(type(v), "_fields"):
+        return type(v)(*items)
+    return type(v)(items)
 
 
 def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict, axis_env):

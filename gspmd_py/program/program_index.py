@@ -45,6 +45,7 @@ import attrs
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
+from ..dtypes import itemsize
 from ..ops import facts as F
 from ..ops import facts_of
 from .collective import Collective
@@ -233,7 +234,7 @@ def _emitted(eqn) -> Emitted:
 
 
 def _nbytes(vs) -> int:
-    return sum(int(np.prod(v.aval.shape, dtype=np.int64)) * np.dtype(v.aval.dtype).itemsize for v in vs)
+    return sum(int(np.prod(v.aval.shape, dtype=np.int64)) * itemsize(v.aval.dtype) for v in vs)
 
 
 def _scope_of(stack: str, outer: tuple, label) -> tuple[tuple[int, ...], str, str]:
@@ -261,7 +262,7 @@ def _record(eqn, facts, ids: tuple[int, ...], text: str, in_loop: bool, fine: Fi
     # several operands (a combined all-reduce): the shape of the buffer they make together
     shape = tuple(aval.shape) if len(eqn.invars) == 1 else (sum(math.prod(v.aval.shape) for v in eqn.invars),)
     return Collective(facts.collective, tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
-                      op_id=ids[0] if len(ids) == 1 else -1, dtype=str(np.dtype(aval.dtype)), shape=shape,
+                      op_id=ids[0] if len(ids) == 1 else -1, dtype=str(aval.dtype), shape=shape,
                       reduce=facts.collective_reduce, tensors=max(1, len(ids)), group_size=group, in_loop=in_loop)
 
 

@@ -167,7 +167,7 @@ def project_cached(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], dec
     return _project_cached(mesh, rule, tuple((st.axes, st.prios, st.size) for st in tensors), decide)
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 13)  # 8192: a few MiB; the distinct (rule, shardings) of many plans
 def _project_cached(mesh: Mesh, rule: OpRule, key: tuple, decide: bool):
     tensors = [TensorState(axes, prios, size, -1) for axes, prios, size in key]
     final, source = _project(mesh, rule, tensors, decide)

@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..errors import DeletedArrayError
+from .placed import MARK, logical_shape, mark, unpad
 
 
 #: Uneven numpy inputs from this size up are padded per shard on the host (each device gets
@@ -84,8 +85,12 @@ class Boundary:
     def call(self, executable: Callable, leaves: Sequence[Any]):
         """``executable`` (the compiled program) on the leaves; placed explicitly only if it rejects them."""
         for i, x in enumerate(leaves):  # XLA crashes the process (SIGSEGV) on a deleted buffer
-            if isinstance(x, jax.Array) and x.is_deleted():
-                raise self._deleted(i, x)
+            if isinstance(x, jax.Array):
+                if x.is_deleted():
+                    raise self._deleted(i, x)
+                if getattr(x, MARK, None) is not None and x.shape != self.padded_shapes[i]:
+                    leaves = self._unpadded(leaves)  # placed (padded) for a plan that pads it otherwise
+                    break
         if self._global is not None:
             return executable(*self._global(leaves))
         args, exe = leaves, executable
@@ -123,7 +128,7 @@ class Boundary:
             closed, padded, dtypes = self._jaxpr, self.padded_shapes, self.dtypes
 
             def run(*xs):
-                xs = [jnp.pad(x.astype(dtypes[i]), [(0, p - n) for n, p in zip(x.shape, padded[i])])
+                xs = [pad_array(x, [(0, p - n) for n, p in zip(x.shape, padded[i])], dtypes[i])
                       if x.shape != padded[i] else x for i, x in enumerate(xs)]
                 return tuple(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *xs))  # no re-trace of the plan
 
@@ -136,15 +141,28 @@ class Boundary:
     def place(self, leaves: Sequence[Any]) -> list:
         """Every leaf as a global jax.Array in its input sharding (uneven dims padded).
 
-        jax.Arrays already laid out so are returned as they are (the same object).
+        jax.Arrays already laid out so are returned as they are (the same object). An array
+        padded here is marked with its logical shape (placed.py): passed back to a gp.spmd
+        function it is planned and computed on as the array it stands for, never its padding.
         """
-        if self._global is not None:
-            return self._global(leaves)
-        out = []
-        for i, x in enumerate(leaves):
-            if i in self.uneven and tuple(np.shape(x)) == self.shapes[i]:
-                x = self.pad(i, x)
-            out.append(self._put(i, x))
+        leaves = self._unpadded(leaves)
+        out = self._global(leaves) if self._global is not None else [
+            self._put(i, self.pad(i, x) if i in self.uneven and tuple(np.shape(x)) == self.shapes[i] else x)
+            for i, x in enumerate(leaves)]
+        for i in self.uneven:  # padded from an array of the logical shape: it says so (placed.py)
+            came = logical_shape(leaves[i]) or tuple(np.shape(leaves[i]))
+            if came == self.shapes[i] and out[i].shape == self.padded_shapes[i]:
+                mark(out[i], self.shapes[i])
+        return out
+
+    def _unpadded(self, leaves: Sequence[Any]) -> list:
+        """The leaves, each array ``place`` padded (placed.py) that this plan does not take as it
+        is cut back to its logical shape."""
+        out = list(leaves)
+        for i, x in enumerate(out):
+            m = logical_shape(x)
+            if m is not None and x.shape != self.padded_shapes[i]:
+                out[i] = unpad(x, m)
         return out
 
     def _put(self, i: int, x):
@@ -209,7 +227,19 @@ def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np
     import jax.numpy as jnp
 
     pads = [(0, p - n) for n, p in zip(shape, padded_shape)]
-    return jax.jit(lambda v: jnp.pad(v.astype(dtype), pads), out_shardings=target)
+    return jax.jit(lambda v: pad_array(v, pads, dtype), out_shardings=target)
+
+
+def pad_array(x, pads: Sequence[tuple[int, int]], dtype):
+    """``x`` as ``dtype``, zero-padded by ``pads`` (low, high) per dim; a typed PRNG key array
+    is padded as its uint32 words (jnp.pad takes no key dtype)."""
+    import jax.numpy as jnp
+
+    from ..partitioner.context import on_words
+
+    if x.dtype != dtype:
+        x = x.astype(dtype)
+    return on_words(lambda w: jnp.pad(w, list(pads) + [(0, 0)] * (w.ndim - len(pads))), x)
 
 
 # ---------------------------------------------------------------------------------------
@@ -219,6 +249,22 @@ def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np
 #: Plans a gp.spmd function keeps (least recently used evicted first). A plan holds its
 #: graph, shardings and compiled executable: a few MiB for a transformer block.
 PLAN_CACHE_SIZE = 64
+
+
+def collect_evicted() -> None:
+    """A full collection after evictions from a plan cache.
+
+    A plan holds reference cycles (an IR value and the op that makes it, the plan and its
+    executable), so an evicted plan is freed only by the cyclic collector, whose full passes
+    are rare (and paused while plans are built: compiler.gc_paused). A function called with
+    more shapes than its cache holds kept about twice its cache's plans alive, and the heap
+    grew to hold them (80 shapes through a 64-plan cache: +110 MB). One pass per half cache of
+    evictions (each eviction is a re-plan, dearer than the pass) frees them while their memory
+    can still be reused. A collector the user turned off stays off."""
+    import gc
+
+    if gc.isenabled():
+        gc.collect()
 
 
 def call_key(args) -> tuple[Any, list, Any]:
@@ -231,9 +277,12 @@ def call_key(args) -> tuple[Any, list, Any]:
     """
     leaves, tree = jax.tree_util.tree_flatten(args)
     try:
-        sig = tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves])
+        # (an array plan.place padded keys as its logical shape: placed.py)
+        sig = tuple([(type(x), x.shape, x.dtype, False) if type(x) is np.ndarray else
+                     (type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
+                     for x in leaves])
     except AttributeError:
-        sig = tuple([(type(x), x.shape, x.dtype, getattr(x, "weak_type", False))
+        sig = tuple([(type(x), getattr(x, MARK, None) or x.shape, x.dtype, getattr(x, "weak_type", False))
                      if hasattr(x, "shape") and hasattr(x, "dtype") else (type(x),) for x in leaves])
     return (tree, sig), leaves, tree
 
@@ -249,13 +298,15 @@ class PlanCache:
     ['a', 'c']
     """
 
-    __slots__ = ("maxsize", "_d")
+    __slots__ = ("maxsize", "_d", "collect", "_evicted")
 
-    def __init__(self, maxsize: int = PLAN_CACHE_SIZE):
+    def __init__(self, maxsize: int = PLAN_CACHE_SIZE, collect: bool = False):
         from collections import OrderedDict
 
         self.maxsize = maxsize
         self._d: "OrderedDict[Any, Any]" = OrderedDict()
+        self.collect = collect  # collect the evicted plans (see ``collect_evicted``)
+        self._evicted = 0  # evictions since the last collection
 
     def get(self, key):
         p = self._d.get(key)
@@ -271,6 +322,10 @@ class PlanCache:
         self._d.move_to_end(key)
         while len(self._d) > self.maxsize:
             self._d.popitem(last=False)
+            self._evicted += 1
+        if self.collect and self._evicted >= max(1, self.maxsize // 2):
+            self._evicted = 0
+            collect_evicted()
 
     def keys(self):
         return list(self._d)

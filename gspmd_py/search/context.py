@@ -38,6 +38,7 @@ class TacticRecord:
     step_s: Optional[float] = None
     result: object = None
     raw: tuple = ()  # (value id, dim, AxisRef) per decision
+    note: str = ""  # why it decided nothing, when it did not run (auto with no axis left)
 
 
 @attrs.define(eq=False)
@@ -151,7 +152,8 @@ def tactics_text(records: Sequence[TacticRecord], shown: int = 8) -> str:
     lines = ["tactics, in order:"]
     for i, r in enumerate(records):
         step = f"step {r.step_s * 1e3:.4g} ms" if r.step_s is not None else ""
-        lines.append(f"  {i + 1}. {r.tactic}: {len(r.decided)} decisions{', ' + step if step else ''}")
+        lines.append(f"  {i + 1}. {r.tactic}: {len(r.decided)} decisions{', ' + step if step else ''}"
+                     + (f" ({r.note})" if r.note else ""))
         for label, d, a in r.decided[:shown]:
             lines.append(f"       {label} dim {d} on {a}")
         if len(r.decided) > shown:

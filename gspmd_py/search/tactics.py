@@ -59,6 +59,16 @@ def _argnums(v, what: str) -> Optional[tuple[int, ...]]:
     return out
 
 
+def _resolve_argnums(ctx: TacticContext, nums: tuple[int, ...], tactic: str) -> tuple[int, ...]:
+    """``nums`` as argument positions (negative ones from the end, as jax.jit counts them); one
+    that names no positional argument is a TacticError."""
+    n_args = max([lf.argnum for lf in ctx.leaves if lf.argnum is not None], default=-1) + 1
+    bad = [i for i in nums if not -n_args <= i < n_args]
+    if bad:
+        raise TacticError(f"{tactic}: the function takes {n_args} positional array arguments; no argument {bad}")
+    return tuple(i % n_args for i in nums)
+
+
 def _check_axis_name(axis, what: str) -> str:
     if not isinstance(axis, str):
         raise TacticError(f"{what}: the mesh axis must be a name (str), got {axis!r}")
@@ -102,13 +112,7 @@ class Batch(_OneAxis):
     def apply(self, ctx: TacticContext) -> None:
         a = _axis(ctx, self.axis, str(self))
         before = _snapshot(ctx)
-        nums = self.argnums
-        n_args = max([lf.argnum for lf in ctx.leaves if lf.argnum is not None], default=-1) + 1
-        if nums is not None:
-            bad = [i for i in nums if not -n_args <= i < n_args]
-            if bad:
-                raise TacticError(f"{self}: the function takes {n_args} positional array arguments; no argument {bad}")
-            nums = tuple(i % n_args for i in nums)
+        nums = self.argnums if self.argnums is None else _resolve_argnums(ctx, self.argnums, str(self))
         for v, lf in zip(ctx.graph.inputs, ctx.leaves):
             if lf.argnum is None or v.rank == 0:
                 continue
@@ -172,7 +176,8 @@ class Zero(_OneAxis):
 
         a = _axis(ctx, self.axis, str(self))
         before = _snapshot(ctx)
-        params = [v for v, lf in zip(ctx.graph.inputs, ctx.leaves) if lf.argnum in self.argnums and v.rank > 0]
+        nums = _resolve_argnums(ctx, self.argnums, str(self))
+        params = [v for v, lf in zip(ctx.graph.inputs, ctx.leaves) if lf.argnum in nums and v.rank > 0]
         for p in params:
             dim = _zero_dim(ctx, p, a)
             if dim is None:
@@ -210,6 +215,10 @@ class Auto:
         from .optimizer import search
 
         names = list(self.axes_) or ctx.free_axes()
+        if not names:  # earlier tactics used every axis: nothing to search, and the report says so
+            ctx.log.append(TacticRecord(str(self), (), note="every mesh axis was decided by an earlier tactic: "
+                                                            "nothing left to search, no decision made"))
+            return
         for n in names:
             _axis(ctx, n, str(self))
         before = _snapshot(ctx)
@@ -311,11 +320,20 @@ def check_tactics(tactics) -> tuple:
         return ()
     if isinstance(tactics, TACTICS):
         tactics = [tactics]
+    if callable(tactics) or not isinstance(tactics, (list, tuple)):
+        tactics = [tactics]  # one tactic not called (gp.tactics.batch), or not a list: said below
     out = tuple(tactics)
     for t in out:
         if not isinstance(t, TACTICS):
-            raise TacticError(f"gp.spmd: tactics must be gp.tactics.batch/rules/zero/auto(...), got {t!r}")
+            made = getattr(t, "__name__", "") if getattr(t, "__module__", "") == __name__ else ""
+            if made in _CONSTRUCTORS:  # the constructor itself, not called
+                raise TacticError(f"gp.spmd: tactics got gp.tactics.{made} itself: call it, e.g. "
+                                  f"tactics=[gp.tactics.{made}(...)]")
+            raise TacticError(f"gp.spmd: tactics must be a list of gp.tactics.batch/rules/zero/auto(...), got {t!r}")
     return out
+
+
+_CONSTRUCTORS = ("batch", "rules", "zero", "auto")
 
 
 def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> TacticContext:

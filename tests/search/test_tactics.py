@@ -115,3 +115,30 @@ def test_tactic_errors():
         gp.spmd(lambda a: a, mesh, tactics=["batch"])
     with pytest.raises(gp.TacticError, match="time_budget_s"):
         gp.tactics.auto(time_budget_s=0)
+
+
+def test_auto_after_every_axis_is_decided_says_so():
+    """Issue 25: auto() after tactics that used every axis decided nothing but died in the
+    baselines (IndexError); now it decides nothing and the report says why."""
+    mesh = gp.Mesh((8,), ("x",))
+    x, w = np.ones((16, 8), np.float32), np.ones((8, 8), np.float32)
+    f = gp.spmd(lambda a, b: a @ b, mesh, tactics=[gp.tactics.batch("x", argnums=0), gp.tactics.auto(hardware=HW)])
+    _close(f(x, w), x @ w)
+    report = f.plan(x, w).report()
+    assert "auto(): 0 decisions" in report and "nothing left to search" in report
+
+
+def test_tactic_argnums_and_uncalled_tactics_are_errors():
+    """Issue 25: zero()'s argnums out of range were accepted and -1 ignored; batch() checked
+    them (one check now); a tactic constructor passed without calling it was a raw TypeError."""
+    mesh = gp.Mesh((8,), ("x",))
+    x = np.ones((8, 4), np.float32)
+    for nums in [(5,), -3]:
+        with pytest.raises(gp.TacticError, match=r"zero\('x'.*takes 2 positional array arguments; no argument"):
+            gp.spmd(lambda a, b: a + b, mesh, tactics=[gp.tactics.zero("x", argnums=nums)]).plan(x, x)
+    # -1 is the last argument, as jax.jit counts: b is split over x
+    plan = gp.spmd(lambda a, b: a * 2.0 + b.sum(), mesh, tactics=[gp.tactics.zero("x", argnums=-1)]).plan(x, x)
+    assert plan.in_shardings[1].spec in (P("x", None), P(None, "x"))
+    for t in [gp.tactics.batch, [gp.tactics.zero], (gp.tactics.auto,)]:
+        with pytest.raises(gp.TacticError, match=r"gp\.tactics\.(batch|zero|auto) itself: call it"):
+            gp.spmd(lambda a: a, mesh, tactics=t)
