@@ -21,7 +21,7 @@ _DUPLICATE = re.compile(r"duplicate entries for `([^`]+)`")
 
 def check_batch_axes(fn_name: str, batch: Optional[Sequence], givens: Iterable) -> None:
     """Raise unless ``batch`` (the spmd_axis_name axes, AxisRefs; None: no axis) is free in
-    every Given (primitive.py's: per dim a tuple of AxisRefs or None)."""
+    every Given (api/primitive.py's: per dim a tuple of AxisRefs or None)."""
     if not batch:
         return
     names = {a.name for a in batch}

@@ -77,7 +77,7 @@ def test_replanning_more_shapes_than_the_cache_holds_frees_evicted_plans(monkeyp
     import os
     import weakref
 
-    from gspmd_py.frontend import api
+    from gspmd_py.api import api
 
     long_form = bool(os.environ.get("GSPMD_PY_MEMORY"))
     cache, n_shapes, rounds = (64, 80, 6) if long_form else (4, 12, 3)
