@@ -38,7 +38,7 @@ from ..ir import Value
 from ..mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
-from .batch_axes import duplicate_axis_error
+from ..frontend.batch_axes import duplicate_axis_error
 from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
 from ..frontend.constraints import constraint_errors, tracing_mesh
 from ..frontend.specs import spec_dims

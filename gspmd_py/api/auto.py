@@ -115,9 +115,11 @@ def _largest_bytes(args) -> int:
     """The largest argument's bytes: about the largest collective the program can move."""
     import numpy as np
 
+    from .. import dtypes
+
     out = 0
     for x in jax.tree_util.tree_leaves(args):
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is not None and dtype is not None:
-            out = max(out, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+            out = max(out, int(np.prod(shape, dtype=np.int64)) * dtypes.itemsize(dtype))
     return out

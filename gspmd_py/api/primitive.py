@@ -43,7 +43,7 @@ from .. import jax_compat as compat
 from ..jax_compat import ad, batching, mlir, pe
 
 from ..errors import ShardingError
-from .batch_axes import check_batch_axes
+from ..frontend.batch_axes import check_batch_axes
 from ..runtime.layout import own_mesh
 from ..mesh import Mesh
 
