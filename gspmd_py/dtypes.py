@@ -132,6 +132,8 @@ def accumulation_dtype(op: str, dt: Any) -> np.dtype:
 
 
 def short_name(dt: Any) -> str:
+    if is_key(dt):
+        return str(dt)  # key<fry>
     try:
         name = dtype(dt).name
     except TypeError:

@@ -1,7 +1,7 @@
 """Ops computed whole on every device (key manipulation, unbatched linear algebra, generic
 reductions): every factor needs replication.
 
-    random_split  key[] -> key[2]      "[] -> [i]"   i: need_replication
+    random_seed  i32[] -> key[]      "[] -> []"
 
 The partitioner runs them on replicated operands and slices the result locally; when that
 moves or recomputes a sharded tensor it reports a replicated fallback.
@@ -12,8 +12,8 @@ from . import facts as F
 from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
-RANDOM = ("random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
-          "threefry2x32", "random_clone", "rng_bit_generator", "rng_uniform", "random_gamma")
+# (key arrays' own ops over their batch dims: ops/keys.py)
+RANDOM = ("random_seed", "threefry2x32", "rng_bit_generator", "rng_uniform", "random_gamma")
 # (batched linear algebra and FFT: ops/linalg.py)
 LINALG = ("custom_linear_solve", "linear_solve", "cholesky_update", "ormqr", "symmetric_product")
 
@@ -33,8 +33,7 @@ def replicated(op) -> OpRule:
     return whole(op)
 
 
-declare("random_wrap", "random_unwrap", facts=F.OpFacts(F.ELEMENTWISE_FLOPS, fusion=F.FUSIBLE))
 declare("threefry2x32", facts=F.OpFacts(F.PER_OUTPUT, fusion=F.FUSIBLE))
-declare(*(r for r in RANDOM if r not in ("random_wrap", "random_unwrap", "threefry2x32")), *LINALG, "reduce", "argsort",
+declare(*(r for r in RANDOM if r != "threefry2x32"), *LINALG, "reduce", "argsort",
         facts=F.OpFacts(F.PER_OUTPUT))
 declare("optimization_barrier", facts=F.OpFacts(F.ZERO, alias=F.ALWAYS))

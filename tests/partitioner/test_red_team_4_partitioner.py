@@ -3,6 +3,8 @@ pads and selects (they cross as their uint32 words), and linear solves (a NamedT
 jaxprs in custom_linear_solve's parameters) in a program whose collectives are combined."""
 import jax
 import jax.numpy as jnp
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -88,3 +90,30 @@ def test_closed_over_key_constants():
                lambda a: a + jax.vmap(lambda kk: jax.random.uniform(kk, (4,)))(ks),
                lambda a: jax.random.key_data(jax.random.split(k, 8)) + (a > 0).sum().astype(jnp.uint32)]:
         assert_same(gp.spmd(fn, mesh, in_shardings=(P("x", "y"),))(x), fn(x))
+
+
+@pytest.mark.parametrize("mesh_i", [0, 1, 3])
+def test_key_array_ops_run_on_each_devices_keys(mesh_i):
+    """split / fold_in / wrap / unwrap of a sharded key array: each device works on its own keys
+    (ops/keys.py), no collective and no replicated fallback; the bits equal the unpartitioned draw."""
+    from partition_util import mesh_of
+
+    mesh = mesh_of(mesh_i)
+    axis = mesh.axis_names[0]
+
+    def f(keys, x):
+        ks = jax.vmap(lambda k: jax.random.split(k, 3))(keys)
+        ks = jax.vmap(lambda k: jax.random.fold_in(k, 7))(ks[:, 1])
+        data = jax.random.key_data(ks)
+        again = jax.random.wrap_key_data(data)
+        return x + jax.vmap(lambda k: jax.random.uniform(k, (5,)))(again)
+
+    keys = jax.random.split(jax.random.key(0), 16)
+    x = jnp.zeros((16, 5))
+    g = gp.spmd(f, mesh, in_shardings=(gp.P(axis), gp.P(axis, None)), out_shardings=gp.P(axis, None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gp.PartitionWarning)
+        out = g(keys, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(f(keys, x)))
+    plan = g.plan(keys, x)
+    assert [c.kind for c in plan.collectives] == []

@@ -67,6 +67,8 @@ SAMPLES = {
     "batched": [(lambda a: jnp.fft.fft(a).real, [(4, 8)]),
                 (lambda a: jnp.linalg.cholesky(a @ jnp.swapaxes(a, -1, -2) + 4 * jnp.eye(4)), [(6, 4, 4)]),
                 (lambda a, b: jnp.linalg.solve(a @ jnp.swapaxes(a, -1, -2) + 4 * jnp.eye(4), b), [(5, 4, 4), (5, 4, 3)])],
+    "key_op": [(lambda a: jax.random.key_data(jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, 3), 2))(
+        jax.random.wrap_key_data((jnp.abs(a[:, :2]) * 1000).astype(jnp.uint32)))).astype(jnp.float32), [(6, 5)])],
     "control": [(loop, [(5, 6), (5, 6)]), (while_loop, [(6, 4)]), (branch, [(4, 6), (4, 6)])],
     "transpose": [(lambda a: a.T * 2, [(6, 5)])],
     "broadcast_in_dim": [(lambda a: jnp.broadcast_to(a[:, None, :], (6, 4, 5)), [(6, 5)])],
