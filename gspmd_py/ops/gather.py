@@ -24,6 +24,7 @@ gradient is partial over their axes (reduce-scattered where it is wanted sharded
 """
 from __future__ import annotations
 
+from ..dtypes import is_bool
 from . import facts as F
 from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, PASS, REDUCTION, OpRule, RuleBuilder
@@ -76,22 +77,35 @@ def dropping(op) -> bool:
     return str(op.params.get("mode", "")).rsplit(".", 1)[-1] in ("FILL_OR_DROP", "PROMISE_IN_BOUNDS")
 
 
+def additive(op) -> bool:
+    """A scatter-add / scatter-sub of numbers: the updates of each device may be added on
+    their own and the partial results summed (the operand joins on one device)."""
+    return op.prim.replace("_", "-") in ("scatter-add", "scatter-sub") and not is_bool(op.inputs[0].dtype)
+
+
 @register("scatter", "scatter-add", "scatter_add", "scatter-sub", "scatter_sub", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
           "scatter-max", "scatter_max", handler="scatter")
 def scatter(op) -> OpRule:
     """Besides the whole window dims (pass), an indexed operand dim with a window of one row
-    (an inserted window dim, e.g. ``state.at[0].set(x)``) may stay sharded when the scatter
-    drops out-of-bounds updates: each device scatters into the rows it holds, indices shifted
-    by its offset (partitioner/scatter_handler.py): a local select on the owning device."""
+    (an inserted window dim, e.g. ``state.at[0].set(x)``, an embedding gradient's vocab dim)
+    may stay sharded: each device scatters into the rows it holds, indices shifted by its
+    offset (partitioner/scatter_handler.py; clip mode clamps the global indices first). A
+    scatter-add's update rows (the index batch dims) are a sum reduction: each device adds
+    its own updates, the result partial over their axes."""
     dn = op.params["dimension_numbers"]
     operand, indices, updates = op.inputs[0].shape, op.inputs[1].shape, op.inputs[2].shape
     b = RuleBuilder()
     op_f: list = [None] * len(operand)
     upd_f: list = [None] * len(updates)
-    if dropping(op):
-        for d in dn.scatter_dims_to_operand_dims:
-            if d in dn.inserted_window_dims:
-                op_f[d] = b.factor(operand[d])
+    for d in dn.scatter_dims_to_operand_dims:  # clip mode: the handler clamps the global indices first
+        if d in dn.inserted_window_dims:
+            op_f[d] = b.factor(operand[d])
+    idx_f: list = [None] * len(indices)
+    if additive(op):
+        upd_scatter = [d for d in range(len(updates)) if d not in dn.update_window_dims]
+        for ud, idd in zip(upd_scatter, range(len(indices) - 1)):  # jax puts the index vector last
+            if idd not in dn.scatter_indices_batching_dims:
+                upd_f[ud] = idx_f[idd] = b.factor(updates[ud], REDUCTION, "sum")
     window_src = [d for d in range(len(operand))
                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
     for ud, d in zip(dn.update_window_dims, window_src):
@@ -104,7 +118,7 @@ def scatter(op) -> OpRule:
     for d in range(len(updates)):
         if upd_f[d] is None:
             upd_f[d] = b.factor(updates[d], NEED_REPLICATION)
-    idx_f = [b.factor(s, NEED_REPLICATION) for s in indices]
+    idx_f = [f if f is not None else b.factor(s, NEED_REPLICATION) for f, s in zip(idx_f, indices)]
     return b.operand(op_f).operand(idx_f).operand(upd_f).result(op_f).build(OTHER)
 
 
