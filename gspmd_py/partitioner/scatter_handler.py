@@ -59,7 +59,9 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
         params["unique_indices"] = False  # several indices may now name the spare row
     if partial is not None:
         scat = lax.scatter_add if op.prim.replace("_", "-") == "scatter-add" else lax.scatter_sub
-        out = scat(x, idx, args[2].x.astype(x.dtype), dn, indices_are_sorted=params["indices_are_sorted"],
+        rows = [d for d in range(args[2].rank) if d not in dn.update_window_dims]
+        upd = ctx.mask(args[2], rows, 0)  # padding rows of an uneven update dim add nothing
+        out = scat(x, idx, upd.astype(x.dtype), dn, indices_are_sorted=params["indices_are_sorted"],
                    unique_indices=params["unique_indices"], mode=params["mode"])
     else:
         out = op.primitive.bind(x, idx, *[a.x for a in args[2:]], **params)

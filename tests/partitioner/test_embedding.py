@@ -167,3 +167,20 @@ def test_lookup_gradient_on_data_and_model_axes_sums_the_data_axis_once():
     plan, f, args = _plan(jax.grad(loss), mesh, (P("y", None), P("x", None)), P("y", None))
     np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(jax.grad(loss)(*args)), rtol=1e-6)
     assert _moved(plan) == [("all-reduce", ("y",), 8 * 32 * 64 * 4), ("all-reduce", ("x",), 250 * 64 * 4)]
+
+
+@examples(15)
+@given(st.data())
+def test_scatter_add_of_uneven_sharded_updates(data):
+    """Each device adds its own update rows: the padding rows of an uneven update dim must
+    add nothing (bincount: every update is 1, padding included)."""
+    mesh = data.draw(meshes())
+    n = data.draw(st.sampled_from((5, 13)))
+    b = data.draw(st.sampled_from((3, 5, 7, 13)))
+    dtype = data.draw(st.sampled_from((np.float32, np.int32)))
+    s_ids = data.draw(st.one_of(st.just(P(mesh.axis_names[0])), spec_for(mesh, 1)))
+    s_out = data.draw(maybe(spec_for(mesh, 1), 0.5))
+    fn = lambda i: jnp.zeros((n,), dtype).at[i].add(jnp.ones(i.shape, dtype))
+    ids = (rand((b,), np.int32, 2, low=0, high=n) % n).astype(np.int32)
+    f = gp.spmd(fn, mesh, in_shardings=(s_ids,), out_shardings=s_out)
+    _same_bits(f(ids), fn(ids))
