@@ -103,7 +103,7 @@ def race(case: Case, mesh_shape, names, quick: bool) -> list[Row]:
                    for u, v in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))), default=0.0)
         t = interleaved({"ours": lambda: jax.block_until_ready(ours(*placed_ours)),
                          "jit": lambda: jax.block_until_ready(jitted(*placed_jit))},
-                        repeats=3 if quick else 11, warmup=1, min_sample_s=0.001 if quick else 0.02)
+                        repeats=3 if quick else 7, warmup=1, min_sample_s=0.001 if quick else 0.01)
         oc = hlo.summarize([(c.kind, c.bytes_per_device) for c in plan.collectives])
         xc = hlo.summarize(hlo.hlo_collectives(compiled.as_text()))
         ratio = t["ours"] / t["jit"]

@@ -42,7 +42,7 @@ def cases() -> list[Case]:
     import jax.numpy as jnp
     from jax import lax
 
-    B, N, K, V, D = 256, 512, 256, 8192, 256
+    B, N, K, V, D = 128, 256, 128, 8192, 128
     q = dict(B=16, N=32, K=32, V=256, D=16)
 
     def s(*dims_dtype):
