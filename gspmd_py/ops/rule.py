@@ -31,7 +31,7 @@ Factor kinds (what a sharded factor means, for every pass that reads the rule):
                     the others the identity: a dynamic slice of sharded rows)
   prefix            a scanned dim (cumsum, cummax): sharded, each device scans its rows and
                     adds the carried prefix of the shards before it
-  need_replication  must be unsharded for the op (sort axis, gather's indexed dims)
+  need_replication  must be unsharded for the op (sort axis, a gather's dims indexed by windows wider than one row)
 
 Propagation moves shardings between tensors through factors; at its end it records, for
 every op, the factor -> axes assignment (the *projection*, propagation/projection.py).
