@@ -124,7 +124,7 @@ def table(rows: list[Row]) -> str:
     return md_table(head, body)
 
 
-def run(quick: bool, only_families: Optional[set] = None, log=print) -> str:
+def run(quick: bool, only_families: Optional[set] = None, log=lambda s: print(s, flush=True)) -> str:
     from gspmd_py.ops.registry import rule_functions
 
     t0 = time.perf_counter()
