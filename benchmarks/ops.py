@@ -15,6 +15,10 @@ test suite runs it: tests/programs/test_ops_benchmark.py).
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from typing import Optional
 
@@ -115,6 +119,9 @@ def race(case: Case, mesh_shape, names, quick: bool) -> list[Row]:
 def table(rows: list[Row]) -> str:
     body = []
     for r in rows:
+        if r.ours_s != r.ours_s:  # did not run
+            body.append([r.mesh, r.family, r.case, r.layout, "- **", "-", "-", "-", "-", "-"])
+            continue
         flag = " **" if (r.ratio > SLOW or r.ours_bytes > r.xla_bytes) else ""
         body.append([r.mesh, r.family, r.case, r.layout, f"{r.ratio:.2f}x{flag}", fmt_s(r.ours_s), fmt_s(r.jit_s),
                      f"{r.ours_bytes:,} ({r.ours_colls})", f"{r.xla_bytes:,} ({r.xla_colls})",
@@ -124,16 +131,39 @@ def table(rows: list[Row]) -> str:
     return md_table(head, body)
 
 
-def run(quick: bool, only_families: Optional[set] = None, log=lambda s: print(s, flush=True)) -> str:
+def _isolated(index: int, mesh: int, quick: bool, timeout_s: float) -> list[Row]:
+    """One case on one mesh in a fresh process (a program that hangs in XLA's CPU runtime
+    cannot stall the table: its case gets one row saying so)."""
+    cmd = [sys.executable, "-m", "benchmarks.ops", str(index), str(mesh)] + (["--quick"] if quick else [])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    c = cases()[index]
+    shape = MESHES[mesh][0]
+    try:
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return [Row("x".join(map(str, shape)), c.family, c.name, "(all layouts)", float("nan"), float("nan"), 0, 0,
+                    "-", "-", float("nan"), f"did not finish in {timeout_s:.0f} s (a hang or an overloaded machine)")]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not lines:
+        err = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return [Row("x".join(map(str, shape)), c.family, c.name, "(all layouts)", float("nan"), float("nan"), 0, 0,
+                    "-", "-", float("nan"), f"failed: {err}")]
+    return [Row(**json.loads(ln)) for ln in lines]
+
+
+def run(quick: bool, only_families: Optional[set] = None, log=lambda s: print(s, flush=True),
+        isolate: Optional[bool] = None, timeout_s: float = 300) -> str:
+    """The table; ``isolate`` (default: not quick) runs each case in a fresh process."""
     from gspmd_py.ops.registry import rule_functions
 
     t0 = time.perf_counter()
     registered = [fn.__name__ for fn in rule_functions()]
-    todo = [c for c in cases() if only_families is None or c.family in only_families]
+    isolate = (not quick) if isolate is None else isolate
+    todo = [(i, c) for i, c in enumerate(cases()) if only_families is None or c.family in only_families]
     rows: list[Row] = []
-    for shape, names in (MESHES[:1] if quick else MESHES):
-        for c in todo:
-            got = race(c, shape, names, quick)
+    for m, (shape, names) in enumerate(MESHES[:1] if quick else MESHES):
+        for i, c in todo:
+            got = _isolated(i, m, quick, timeout_s) if isolate else race(c, shape, names, quick)
             rows.extend(got)
             for r in got:
                 log(f"  {r.mesh} {r.family:22s} {r.layout:28s} {r.ratio:5.2f}x  {r.ours_bytes:>10,} B vs {r.xla_bytes:>10,} B")
@@ -154,3 +184,11 @@ def run(quick: bool, only_families: Optional[set] = None, log=lambda s: print(s,
     text.extend(f"- {r.mesh} {r.family} `{r.case}` {r.layout}: {r.ratio:.2f}x, {r.why}" for r in over)
     text.append(f"\n(ran in {time.perf_counter() - t0:.0f} s{', --quick' if quick else ''})\n")
     return "\n".join(text)
+
+
+if __name__ == "__main__":  # one case on one mesh, rows as JSON lines (run() isolates cases this way)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    _i, _m = int(sys.argv[1]), int(sys.argv[2])
+    for _r in race(cases()[_i], *MESHES[_m], quick="--quick" in sys.argv):
+        print(json.dumps(attrs.asdict(_r)), flush=True)
