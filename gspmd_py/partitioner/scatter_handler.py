@@ -24,9 +24,11 @@ padding: an update that lands there is never read.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from ..ops.gather import dropping
+from .. import dtypes
+from ..ops.gather import additive, dropping
 from .context import Ctx
 from .partial import accumulate, join
 from .registry import handler
@@ -45,6 +47,13 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
         x = join(ctx, x, partial, acc)
     if sharded and not dropping(op):  # clip: clamp the global starts first (as lax does), then shift
         idx = _clamp(idx, op, dn)
+    kind = op.prim.replace("_", "-")
+    upd = args[2].x
+    if partial is not None:
+        rows = [d for d in range(args[2].rank) if d not in dn.update_window_dims]
+        upd = ctx.mask(args[2], rows, 0)  # padding rows of an uneven update dim add nothing
+    if sharded and additive(op):  # in place: updates of rows held elsewhere add the identity
+        return [_add_own_rows(ctx, op, plan, x, idx, upd, sharded, partial, kind)]
     if sharded:
         local = x.shape
         x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 1 if d in sharded else 0, 0) for d in range(x.ndim)])
@@ -58,9 +67,7 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
         idx = jnp.stack(cols, axis=-1)
         params["unique_indices"] = False  # several indices may now name the spare row
     if partial is not None:
-        scat = lax.scatter_add if op.prim.replace("_", "-") == "scatter-add" else lax.scatter_sub
-        rows = [d for d in range(args[2].rank) if d not in dn.update_window_dims]
-        upd = ctx.mask(args[2], rows, 0)  # padding rows of an uneven update dim add nothing
+        scat = lax.scatter_add if kind == "scatter-add" else lax.scatter_sub
         out = scat(x, idx, upd.astype(x.dtype), dn, indices_are_sorted=params["indices_are_sorted"],
                    unique_indices=params["unique_indices"], mode=params["mode"])
     else:
@@ -71,6 +78,35 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
         ctx.note(f"{op.prim}: each device adds its own updates (partial sums over {ctx.fine.label(partial.axes)})"
                  + (", into the rows it holds" if sharded else ""))
     return [ctx.pv(out, v.shape, plan.results[0], partial, v.dtype)]
+
+
+def _add_own_rows(ctx: Ctx, op, plan, x, idx, upd, sharded, partial, kind: str):
+    """scatter-add / -sub into the rows this device holds, in place: every shifted index
+    clamped into the local block, the updates of rows it does not hold (or of no row) made
+    the identity (-0.0 added, +0.0 subtracted: x + -0.0 == x for every x)."""
+    dn = op.params["dimension_numbers"]
+    v = op.outputs[0]
+    owned = None
+    cols = []
+    for k, d in enumerate(dn.scatter_dims_to_operand_dims):
+        i = idx[..., k]
+        if d in sharded:
+            i = i - ctx.offset(op.inputs[0].shape[d], plan.operands[0][d]).astype(i.dtype)
+            mine = (i >= 0) & (i < x.shape[d])
+            owned = mine if owned is None else owned & mine
+            i = jnp.clip(i, 0, x.shape[d] - 1)
+        cols.append(i)
+    idx = jnp.stack(cols, axis=-1)
+    upd = upd.astype(x.dtype)
+    ident = dtypes.additive_identity(x.dtype) if kind == "scatter-add" else np.zeros((), x.dtype)
+    scat_dims = tuple(d for d in range(upd.ndim) if d not in dn.update_window_dims)
+    upd = jnp.where(lax.broadcast_in_dim(owned, upd.shape, scat_dims), upd, jnp.asarray(ident, x.dtype))
+    scat = lax.scatter_add if kind == "scatter-add" else lax.scatter_sub
+    out = scat(x, idx, upd, dn, indices_are_sorted=False, unique_indices=False, mode=lax.GatherScatterMode.CLIP)
+    if partial is not None:
+        ctx.note(f"{op.prim}: each device adds its own updates (partial sums over {ctx.fine.label(partial.axes)}) "
+                 f"into the rows it holds")
+    return ctx.pv(out, v.shape, plan.results[0], partial, v.dtype)
 
 
 def _clamp(idx, op, dn):
