@@ -19,6 +19,9 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
   median error (``cost_validation.md``; also ``python benchmarks/cost_validation.py``)
 * ``denselm``: the GSPMD paper's DenseLm128B costed on 128-2,048 TPU v3 cores
   (``cost_denselm.md``; also ``python benchmarks/cost_denselm.py``)
+* ``ops``: op by op, every op family of the rule registry on the (2, 4) and (8,) meshes, its
+  first argument replicated, batch-sharded, sharded on each other dim, uneven: per-call ratio
+  and collective bytes per device against jax.jit's (``ops.md``; benchmarks/ops.py)
 
 Every section writes its own file in ``benchmarks/results/``; the README quotes them.
 
@@ -35,7 +38,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops", "hw", "cost", "denselm")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops", "hw", "cost", "denselm", "ops")
 
 
 def _machine() -> str:
@@ -146,6 +149,11 @@ def main(argv=None) -> int:
         from . import cost_denselm
 
         files["cost_denselm.md"] = header + cost_denselm.run(q)
+
+    if "ops" in only:
+        from . import ops
+
+        files["ops.md"] = header + ops.run(q)
 
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w") as fh:

@@ -1,21 +1,41 @@
-"""gather / scatter: an honest conservative rule.
+"""gather / scatter.
 
     gather   operand [V,D], indices [B,1] -> [B,D]   (embedding lookup)
-             "v d, b 1 -> b d"    v: need_replication (indexed dim), b: pass (batch), d: pass (whole slice dim)
+             "[i,j], [k,1] -> [k,j]"   i: reduction(pick) (indexed dim, one-row slices),
+                                       k: pass (batch), j: pass (whole slice dim)
     scatter-add operand [V,D], indices [B,1], updates [B,D] -> [V,D]
-             "v d, b 1, b d -> v d"   v, b: need_replication; d: pass
+             "[i,j], [k,1], [k,j] -> [i,j]"   i: pass (each device adds the rows it owns),
+                                              k: reduction(sum), j: pass
 
-Operand dims taken whole by every slice pass through to the output's offset dims; dims
-that are indexed must be replicated; index batch dims pass to the output batch dims.
+Operand dims taken whole by every slice pass through to the output's offset dims; index
+batch dims pass to the output batch dims. An indexed dim read one row at a time (an
+embedding's vocab dim, ``take_along_axis``'s axis) is a "pick" reduction, XLA's strategy
+for a table sharded on it: each device looks the indices up in the rows it holds (indices
+shifted by its first row), rows it does not own are zero bits, and exactly one device
+holds each looked-up row, so the result is partial over the dim's axes, reduced bit-exactly
+by an all-reduce or a reduce-scatter where the consumer wants it sharded
+(partitioner/gather_handler.py). Only the looked-up rows move, never the table. Other
+indexed dims (windows wider than one row) must be replicated.
+
+scatter-add (the gather's transpose): a one-row indexed dim passes (each device adds the
+updates of the rows it owns, the rest dropped: no table gradient all-reduced), and the
+updates' scatter dims are a sum reduction: each device adds its own updates, the table
+gradient is partial over their axes (reduce-scattered where it is wanted sharded).
 """
 from __future__ import annotations
 
+from ..dtypes import is_bool
 from . import facts as F
 from .registry import declare, register
-from .rule import NEED_REPLICATION, OTHER, PASS, OpRule, RuleBuilder
+from .rule import NEED_REPLICATION, OTHER, PASS, REDUCTION, OpRule, RuleBuilder
 
 
-@register("gather", handler="generic")
+def _one_row(d: int, dn, sizes) -> bool:
+    """Is operand dim ``d`` indexed one row at a time (so a device may look up its own rows)?"""
+    return d in dn.start_index_map and d not in dn.operand_batching_dims and sizes[d] == 1
+
+
+@register("gather", handler="gather")
 def gather(op) -> OpRule:
     dn = op.params["dimension_numbers"]
     slice_sizes = op.params["slice_sizes"]
@@ -30,7 +50,7 @@ def gather(op) -> OpRule:
         whole = slice_sizes[d] == operand[d] and d not in dn.start_index_map
         f = b.factor(out[od], PASS if whole else NEED_REPLICATION)
         out_f[od] = f
-        op_f[d] = f if whole else b.factor(operand[d], NEED_REPLICATION)
+        op_f[d] = f if whole else _indexed(b, d, dn, slice_sizes, operand)
     batch_out = [d for d in range(len(out)) if d not in dn.offset_dims]
     idx_batch = list(range(len(indices) - 1))  # jax puts the index vector last
     idx_f[len(indices) - 1] = b.factor(indices[-1], NEED_REPLICATION) if indices else None
@@ -41,8 +61,14 @@ def gather(op) -> OpRule:
         op_f[od_op] = idx_f[id_b]
     for d in range(len(operand)):
         if op_f[d] is None:
-            op_f[d] = b.factor(operand[d], NEED_REPLICATION)
+            op_f[d] = _indexed(b, d, dn, slice_sizes, operand)
     return b.operand(op_f).operand(idx_f).result(out_f).build(OTHER)
+
+
+def _indexed(b: RuleBuilder, d: int, dn, sizes, operand) -> int:
+    if _one_row(d, dn, sizes) and operand[d] > 1:
+        return b.factor(operand[d], REDUCTION, "pick")
+    return b.factor(operand[d], NEED_REPLICATION)
 
 
 def dropping(op) -> bool:
@@ -51,22 +77,35 @@ def dropping(op) -> bool:
     return str(op.params.get("mode", "")).rsplit(".", 1)[-1] in ("FILL_OR_DROP", "PROMISE_IN_BOUNDS")
 
 
+def additive(op) -> bool:
+    """A scatter-add / scatter-sub of numbers: the updates of each device may be added on
+    their own and the partial results summed (the operand joins on one device)."""
+    return op.prim.replace("_", "-") in ("scatter-add", "scatter-sub") and not is_bool(op.inputs[0].dtype)
+
+
 @register("scatter", "scatter-add", "scatter_add", "scatter-sub", "scatter_sub", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
           "scatter-max", "scatter_max", handler="scatter")
 def scatter(op) -> OpRule:
     """Besides the whole window dims (pass), an indexed operand dim with a window of one row
-    (an inserted window dim, e.g. ``state.at[0].set(x)``) may stay sharded when the scatter
-    drops out-of-bounds updates: each device scatters into the rows it holds, indices shifted
-    by its offset (partitioner/scatter_handler.py): a local select on the owning device."""
+    (an inserted window dim, e.g. ``state.at[0].set(x)``, an embedding gradient's vocab dim)
+    may stay sharded: each device scatters into the rows it holds, indices shifted by its
+    offset (partitioner/scatter_handler.py; clip mode clamps the global indices first). A
+    scatter-add's update rows (the index batch dims) are a sum reduction: each device adds
+    its own updates, the result partial over their axes."""
     dn = op.params["dimension_numbers"]
     operand, indices, updates = op.inputs[0].shape, op.inputs[1].shape, op.inputs[2].shape
     b = RuleBuilder()
     op_f: list = [None] * len(operand)
     upd_f: list = [None] * len(updates)
-    if dropping(op):
-        for d in dn.scatter_dims_to_operand_dims:
-            if d in dn.inserted_window_dims:
-                op_f[d] = b.factor(operand[d])
+    for d in dn.scatter_dims_to_operand_dims:  # clip mode: the handler clamps the global indices first
+        if d in dn.inserted_window_dims:
+            op_f[d] = b.factor(operand[d])
+    idx_f: list = [None] * len(indices)
+    if additive(op):
+        upd_scatter = [d for d in range(len(updates)) if d not in dn.update_window_dims]
+        for ud, idd in zip(upd_scatter, range(len(indices) - 1)):  # jax puts the index vector last
+            if idd not in dn.scatter_indices_batching_dims:
+                upd_f[ud] = idx_f[idd] = b.factor(updates[ud], REDUCTION, "sum")
     window_src = [d for d in range(len(operand))
                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
     for ud, d in zip(dn.update_window_dims, window_src):
@@ -79,7 +118,7 @@ def scatter(op) -> OpRule:
     for d in range(len(updates)):
         if upd_f[d] is None:
             upd_f[d] = b.factor(updates[d], NEED_REPLICATION)
-    idx_f = [b.factor(s, NEED_REPLICATION) for s in indices]
+    idx_f = [f if f is not None else b.factor(s, NEED_REPLICATION) for f, s in zip(idx_f, indices)]
     return b.operand(op_f).operand(idx_f).operand(upd_f).result(op_f).build(OTHER)
 
 

@@ -31,7 +31,8 @@ Factor kinds (what a sharded factor means, for every pass that reads the rule):
                     the others the identity: a dynamic slice of sharded rows)
   prefix            a scanned dim (cumsum, cummax): sharded, each device scans its rows and
                     adds the carried prefix of the shards before it
-  need_replication  must be unsharded for the op (sort axis, gather's indexed dims); a
+  need_replication  must be unsharded for the op (sort axis, a gather's dims indexed by windows
+                    wider than one row); a
                     ``carried`` one (``Factor.carried``: the sort axis) still carries its
                     tensors' sharding from operand to result in propagation (as XLA keeps
                     a sort's sharding), while the recorded projection gives it no axes: they
@@ -61,7 +62,7 @@ HANDLER_NAMES = frozenset({
     "elementwise", "transpose", "broadcast", "reshape", "iota", "generic", "dot", "reduce", "argreduce",
     "cumulative", "along_dim", "conv", "reduce_window", "select_and_scatter_add", "pad", "slice", "rev",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "split", "control", "replicated", "random_bits",
-    "stack", "host_callback", "pure_callback", "scatter", "rotate", "ragged_dot", "batched",
+    "stack", "host_callback", "pure_callback", "scatter", "rotate", "ragged_dot", "batched", "gather",
 })
 
 TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first

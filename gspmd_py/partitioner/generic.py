@@ -3,7 +3,7 @@ iota, and the generic one (gather, scatter: pass factors sharded, the rest whole
 
     tanh [{x},{y}] -> local tanh on the [ceil(m/2), ceil(n/4)] shard, no communication
     gather operand [V,D]{-,y}, indices [B,1]{x,-} -> [B,D]{x,y}: local gather of the
-        local slices (the indexed dim V needs replication, the slice dim D passes)
+        local slices (V whole, the slice dim D passes; a sharded V is gather_handler.py's)
 """
 from __future__ import annotations
 

@@ -169,10 +169,17 @@ def _pick(ctx, x, axes):
     into +0.0: XLA's all-reduce starts from +0.0)."""
     if dtypes.is_bool(x.dtype):
         return ctx.all_reduce(x.astype(jnp.uint8), axes, "max").astype(jnp.bool_)
-    if dtypes.is_int(x.dtype):
+    bits = _bits(x.dtype)
+    if bits is None:
         return ctx.all_reduce(x, axes, "sum")
-    bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[np.dtype(x.dtype).itemsize]
     return lax.bitcast_convert_type(ctx.all_reduce(lax.bitcast_convert_type(x, bits), axes, "sum"), x.dtype)
+
+
+def _bits(dtype):
+    """The unsigned integer type a float's bit pattern is summed in (None: an integer, summed as it is)."""
+    if dtypes.is_int(dtype):
+        return None
+    return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[np.dtype(dtype).itemsize]
 
 
 def _nan_aware(ctx, x, axes, op: str):
@@ -196,6 +203,10 @@ def reduce_scatter(ctx, x, axes: Sequence[str], op: str, dtype, dim: int):
     """Reduce over ``axes`` leaving each device its block of ``dim`` (tiled over ``axes``)."""
     if op == "sum" and not dtypes.is_bool(x.dtype):
         return hierarchy.reduce_scatter_sum(ctx, x, tuple(axes), dim).astype(dtype)
+    if op == "pick" and not dtypes.is_bool(x.dtype):  # one holder per element: sum the bit patterns
+        bits = _bits(x.dtype)
+        y = ctx.reduce_scatter(x if bits is None else lax.bitcast_convert_type(x, bits), tuple(axes), dim)
+        return (y if bits is None else lax.bitcast_convert_type(y, x.dtype)).astype(dtype)
     full = all_reduce(ctx, x, axes, op, dtype)
     c = full.shape[dim] // ctx.k(axes)
     return lax.dynamic_slice_in_dim(full, ctx.index(axes) * c, c, axis=dim)

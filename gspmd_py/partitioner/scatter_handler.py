@@ -10,6 +10,12 @@ afterwards::
                                              index 0 - s, in range on stage 0 only, else
                                              the spare: a local select, no communication
 
+A scatter-add's update rows sharded (a sum reduction factor, ops/gather.py): each device
+adds its own updates into its block, the operand joined on the first device of those axes,
+and the result is partial over them: an embedding gradient's data-parallel sum, reduced
+(or reduce-scattered onto a sharded table gradient) once, where it is consumed. A clip-mode
+scatter clamps the global indices first, as lax does, then shifts them.
+
 Every shifted index lands in bounds (XLA's CPU scatter did not drop every out-of-bounds
 index once the program was compiled across devices); the op's mode still decides for an
 index out of the global bounds of an unsharded dim. Rows past the end of an uneven dim are
@@ -18,9 +24,13 @@ padding: an update that lands there is never read.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from .. import dtypes
+from ..ops.gather import additive, dropping
 from .context import Ctx
+from .partial import accumulate, join
 from .registry import handler
 
 
@@ -31,6 +41,19 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
     v = op.outputs[0]
     sharded = [d for d in dn.scatter_dims_to_operand_dims if plan.operands[0][d]]
     params = dict(op.params)
+    partial = plan.partial
+    if partial is not None:  # each device adds its own updates: the operand joins on the first device
+        acc = accumulate(v.dtype, "sum")
+        x = join(ctx, x, partial, acc)
+    if sharded and not dropping(op):  # clip: clamp the global starts first (as lax does), then shift
+        idx = _clamp(idx, op, dn)
+    kind = op.prim.replace("_", "-")
+    upd = args[2].x
+    if partial is not None:
+        rows = [d for d in range(args[2].rank) if d not in dn.update_window_dims]
+        upd = ctx.mask(args[2], rows, 0)  # padding rows of an uneven update dim add nothing
+    if sharded and additive(op):  # in place: updates of rows held elsewhere add the identity
+        return [_add_own_rows(ctx, op, plan, x, idx, upd, sharded, partial, kind)]
     if sharded:
         local = x.shape
         x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 1 if d in sharded else 0, 0) for d in range(x.ndim)])
@@ -43,7 +66,56 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
             cols.append(i)
         idx = jnp.stack(cols, axis=-1)
         params["unique_indices"] = False  # several indices may now name the spare row
-    out = op.primitive.bind(x, idx, *[a.x for a in args[2:]], **params)
+    if partial is not None:
+        scat = lax.scatter_add if kind == "scatter-add" else lax.scatter_sub
+        out = scat(x, idx, upd.astype(x.dtype), dn, indices_are_sorted=params["indices_are_sorted"],
+                   unique_indices=params["unique_indices"], mode=params["mode"])
+    else:
+        out = op.primitive.bind(x, idx, *[a.x for a in args[2:]], **params)
     if sharded:
         out = lax.slice(out, (0,) * out.ndim, local)
-    return [ctx.pv(out, v.shape, plan.results[0], dtype=v.dtype)]
+    if partial is not None:
+        ctx.note(f"{op.prim}: each device adds its own updates (partial sums over {ctx.fine.label(partial.axes)})"
+                 + (", into the rows it holds" if sharded else ""))
+    return [ctx.pv(out, v.shape, plan.results[0], partial, v.dtype)]
+
+
+def _add_own_rows(ctx: Ctx, op, plan, x, idx, upd, sharded, partial, kind: str):
+    """scatter-add / -sub into the rows this device holds, in place: every shifted index
+    clamped into the local block, the updates of rows it does not hold (or of no row) made
+    the identity (-0.0 added, +0.0 subtracted: x + -0.0 == x for every x)."""
+    dn = op.params["dimension_numbers"]
+    v = op.outputs[0]
+    owned = None
+    cols = []
+    for k, d in enumerate(dn.scatter_dims_to_operand_dims):
+        i = idx[..., k]
+        if d in sharded:
+            i = i - ctx.offset(op.inputs[0].shape[d], plan.operands[0][d]).astype(i.dtype)
+            mine = (i >= 0) & (i < x.shape[d])
+            owned = mine if owned is None else owned & mine
+            i = jnp.clip(i, 0, x.shape[d] - 1)
+        cols.append(i)
+    idx = jnp.stack(cols, axis=-1)
+    upd = upd.astype(x.dtype)
+    ident = dtypes.additive_identity(x.dtype) if kind == "scatter-add" else np.zeros((), x.dtype)
+    scat_dims = tuple(d for d in range(upd.ndim) if d not in dn.update_window_dims)
+    upd = jnp.where(lax.broadcast_in_dim(owned, upd.shape, scat_dims), upd, jnp.asarray(ident, x.dtype))
+    scat = lax.scatter_add if kind == "scatter-add" else lax.scatter_sub
+    out = scat(x, idx, upd, dn, indices_are_sorted=False, unique_indices=False, mode=lax.GatherScatterMode.CLIP)
+    if partial is not None:
+        ctx.note(f"{op.prim}: each device adds its own updates (partial sums over {ctx.fine.label(partial.axes)}) "
+                 f"into the rows it holds")
+    return ctx.pv(out, v.shape, plan.results[0], partial, v.dtype)
+
+
+def _clamp(idx, op, dn):
+    """lax's clip mode: each start clamped to [0, n - window] in the indices' dtype."""
+    shape = op.inputs[0].shape
+    upd = op.inputs[2].shape
+    window = iter(upd[d] for d in dn.update_window_dims)
+    sizes = [1 if d in dn.inserted_window_dims or d in dn.operand_batching_dims else next(window)
+             for d in range(len(shape))]
+    top = jnp.iinfo(idx.dtype).max
+    hi = jnp.asarray([min(shape[d] - sizes[d], top) for d in dn.scatter_dims_to_operand_dims], idx.dtype)
+    return jnp.clip(idx, jnp.asarray(0, idx.dtype), hi)

@@ -53,3 +53,16 @@ def test_the_partitioners_op_plan_carries_it_in_fine_axes():
     plan = fine_plan(fine, projs["dot_general"])
     assert plan.partial_axes == ("y",) and plan.partial_op == "sum"
     assert plan.partial.axes == ("y",) and plan.partial.op == "sum"
+
+
+def test_a_lookup_from_a_vocab_sharded_table_is_partial_pick_and_its_transpose_partial_sum():
+    """An embedding gather's vocab dim is a "pick" reduction (one device holds each row);
+    the scatter-add of its gradient adds each device's own update rows (partial sum)."""
+    X = (MESH.ref("x"),)
+    table, ids = S((64, 8), jnp.float32), S((4, 6), jnp.int32)
+    projs, _ = projections(lambda t, i: jnp.take(t, i, axis=0), (table, ids), [(Y, ()), (X, ())])
+    assert projs["gather"].partial == PartialResult(Y, "pick")
+    assert projs["gather"].result_dims[0] == (X, (), ())
+    loss = lambda t, i: jnp.sum(jnp.take(t, i, axis=0) ** 2)
+    projs, _ = projections(jax.grad(loss), (table, ids), [(Y, ()), (X, ())])
+    assert projs["scatter-add"].partial == PartialResult(X, "sum")
