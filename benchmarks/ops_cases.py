@@ -54,6 +54,15 @@ def cases() -> list[Case]:
     bn = both(s(((B, N), F32)), s(((q["B"], q["N"]), F32)))
     key = jax.random.PRNGKey(0)
 
+    def keys_roundtrip(x):
+        keys = jax.random.wrap_key_data(jnp.abs(x[:, :2] * 1000).astype(jnp.uint32))
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys)
+        return x + jax.random.key_data(keys).astype(x.dtype).sum(axis=1, keepdims=True)
+
+    def ragged(x, w):
+        sizes = jnp.full((4,), x.shape[0] // 4, jnp.int32)
+        return lax.ragged_dot(x, w, sizes)
+
     def chol(x):
         a = jnp.einsum("bij,bkj->bik", x, x) + x.shape[-1] * jnp.eye(x.shape[-1], dtype=x.dtype)
         return jnp.linalg.cholesky(a)
@@ -81,8 +90,12 @@ def cases() -> list[Case]:
         Case("scan_along", "cumsum(axis=1)", lambda x: jnp.cumsum(x, axis=1), **bn),
         Case("sort", "sort(axis=1)", lambda x: jnp.sort(x, axis=1), **bn),
         Case("top_k", "top_k(8)", lambda x: lax.top_k(x, 8)[0], **bn),
-        Case("replicated", "cholesky", chol,
+        Case("batched", "cholesky", chol,
              **both(s(((64, 32, 32), F32)), s(((8, 8, 8), F32)))),
+        Case("replicated", "lax.reduce(a*0.5+b)", lambda x: lax.reduce(x, 0.0, lambda a, b: a * 0.5 + b, (1,)), **bn),
+        Case("key_op", "wrap, fold_in, unwrap keys", keys_roundtrip, **bn),
+        Case("ragged_dot_general", "ragged_dot (4 groups)", ragged,
+             **both(s(((B, K), F32), ((4, K, N), F32)), s(((q["B"], q["K"]), F32), ((4, q["K"], q["N"]), F32)))),
         Case("rotate", "roll(3, axis=1)", lambda x: jnp.roll(x, 3, axis=1) * 2, **bn),
         Case("concatenate", "concat(axis=1)", lambda x: jnp.concatenate([x, x * 2], axis=1), **bn),
         Case("dynamic_slice", "dynamic_slice", lambda x, i: lax.dynamic_slice_in_dim(x, i[0], 4, axis=1),
@@ -125,6 +138,7 @@ NOT_RACED = {
     "debug_callback": "a host callback (runs on the host, not an op to race)",
     "pure_callback": "a host callback (runs on the host, not an op to race)",
     "no_operands": "empty / platform_index: no operands to shard",
+    "dce_sink": "dce_sink keeps a value alive for JAX's dead-code elimination: no result to race",
 }
 
 
