@@ -23,6 +23,7 @@ from __future__ import annotations
 from ..dtypes import is_bool
 from . import facts as F
 from .registry import declare, register
+from .replicated import whole
 from .rule import DOT, NEED_REPLICATION, PASS, REDUCTION, OpRule, RuleBuilder
 
 NONCONTRACTING, CONTRACTING, BATCH = "noncontracting", "contracting", "batch"
@@ -101,12 +102,7 @@ def _prefix_dims(kind: str, rank: int, ragged: int, lb, lc) -> list[int]:
 
 def _whole(op) -> OpRule:
     """Every dim whole (the handler computes the op replicated and reports it)."""
-    b = RuleBuilder()
-    for v in op.inputs:
-        b.operand([b.factor(s, NEED_REPLICATION) for s in v.shape])
-    for v in op.outputs:
-        b.result([b.factor(s, NEED_REPLICATION) for s in v.shape])
-    return b.build(DOT)
+    return whole(op, DOT)
 
 
 declare("ragged_dot_general", facts=F.OpFacts(F.DOT_FLOPS))

@@ -55,19 +55,19 @@ def _imports(mod: str) -> list[tuple[str, str]]:
 EDGES = {m: sorted({t for t, _ in _imports(m)}) for m in MODULES}
 
 
-def _cycles() -> list[list[str]]:
-    """Strongly connected components of more than one module (package __init__ re-exports aside)."""
+def _components(edges: dict) -> list[list[str]]:
+    """Strongly connected components of a graph (Tarjan), each sorted, nodes and edges in sorted order."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on: set[str] = set()
     comps: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan, iterative over each node's edges
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in EDGES[v]:
+        for w in sorted(edges.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -83,10 +83,15 @@ def _cycles() -> list[list[str]]:
                     break
             comps.append(sorted(comp))
 
-    for v in EDGES:
+    for v in sorted(edges):
         if v not in index:
             visit(v)
-    return [c for c in comps if len([m for m in c if m not in PACKAGES]) > 1]
+    return comps
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (package __init__ re-exports aside)."""
+    return [c for c in _components(EDGES) if len([m for m in c if m not in PACKAGES]) > 1]
 
 
 def test_the_package_is_found():
@@ -238,38 +243,8 @@ def _room_edges(edges: dict[str, list[str]]) -> dict[str, set[str]]:
 
 
 def _folder_loops(redges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one room (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    loops: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(redges.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                loops.append(sorted(comp))
-
-    for v in sorted(redges):
-        if v not in index:
-            visit(v)
-    return loops
+    """Strongly connected components of more than one room."""
+    return [c for c in _components(redges) if len(c) > 1]
 
 
 def test_folders_form_a_dag():
