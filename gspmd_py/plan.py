@@ -210,7 +210,14 @@ class Plan:
         may be reused (default: the plan's donated inputs)."""
         from .cost import cost
 
-        return cost(self, hardware, donate=donate, overlap=overlap, while_trips=while_trips)
+        return cost(self.cost_input(), hardware, donate=donate, overlap=overlap, while_trips=while_trips)
+
+    def cost_input(self):
+        """What the cost model reads of this plan (cost/model.py's CostInput): the program
+        index, the mesh, the donated flat inputs."""
+        from .cost import CostInput
+
+        return CostInput(self.index, self.mesh, self.donate_argnums)
 
     def report(self) -> str:
         """Per-op table: global/local shapes, shardings, collectives; fallbacks and notes."""
