@@ -113,7 +113,7 @@ class Plan:
     @functools.cached_property
     def in_specs(self) -> tuple[JP, ...]:
         """The inputs' PartitionSpecs over the fine mesh (a zero-size input crosses replicated:
-        runtime/executable.py's jit_program)."""
+        runtime/stages.py's jit_program)."""
         return tuple(fine_spec(d if v.size else ((),) * v.rank) for v, d in zip(self.graph.inputs, self.in_dims))
 
     @functools.cached_property
@@ -154,7 +154,7 @@ class Plan:
     @property
     def jitted(self):
         """A new ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
-        from .runtime.executable import jit_program
+        from .runtime.stages import jit_program
         from .runtime.stages import out_shardings
 
         return jit_program(self, out_shardings(self))
