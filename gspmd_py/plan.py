@@ -20,6 +20,7 @@ demand. A note added after the build makes a new plan (``with_notes``).
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import attrs
@@ -43,6 +44,10 @@ from .runtime.layout import fine_spec
 from .sharding import Sharding
 
 
+def _read_only(m: Mapping) -> Mapping:
+    return m if isinstance(m, MappingProxyType) else MappingProxyType(dict(m))
+
+
 @attrs.frozen(slots=False, eq=False, repr=False)
 class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes (built by
@@ -59,8 +64,8 @@ class Plan:
     index: ProgramIndex  # per equation its op, loop counts, collectives
     in_dims: tuple[FineDims, ...]  # the inputs' shardings over the fine mesh
     out_dims: tuple[FineDims, ...]  # the outputs' shardings over the fine mesh (uneven ones as planned)
-    op_plans: Mapping[int, OpPlan]  # op id -> the projection the partitioner executed, in fine axes
-    _shardings: Mapping[int, Sharding]  # value id -> Sharding
+    op_plans: Mapping[int, OpPlan] = attrs.field(converter=_read_only)  # op id -> the projection executed, fine axes
+    _shardings: Mapping[int, Sharding] = attrs.field(converter=_read_only)  # value id -> Sharding
     in_tree: Any  # the pytree structure of the inputs (flat leaves: in_names)
     out_tree: Any  # ... and of the outputs
     in_names: tuple[str, ...] = attrs.field(converter=tuple)  # ``arg0``, ``arg1['w']``..., one per flat input

@@ -42,6 +42,8 @@ def test_a_plan_is_immutable(mesh):
         plan.anything_new = 1
     with pytest.raises(TypeError):  # its maps are read-only views too
         plan.diagnostics.held[0] = None  # type: ignore[index]
+    with pytest.raises(TypeError):
+        plan.op_plans[0] = None  # type: ignore[index]
     assert isinstance(plan.diagnostics.notes, tuple)
 
 
