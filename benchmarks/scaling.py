@@ -104,7 +104,7 @@ def plan_vs_size(sizes, repeats: dict[int, int], compile_up_to: int) -> list[Siz
         if n <= compile_up_to:
             plan = plans[-1]
             t0 = time.perf_counter()
-            lowered = plan.traced.lower()
+            lowered = plan.lower()  # Plan -> Lowered: trace and lower (as jax.jit's .trace().lower() below)
             t1 = time.perf_counter()
             lowered.compile()
             t2 = time.perf_counter()

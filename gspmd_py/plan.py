@@ -5,15 +5,22 @@
 
 A Plan is immutable (a frozen attrs class: setting an attribute raises). Its fields are the
 passes' results; what is derived from them (the boundary's specs and shapes, the JAX mesh)
-is computed on first use and kept. Running it is a separate object, ``plan.executable``
-(runtime/executable.py: the jit, its trace and compilation, placement, the call), built on
-first use, once; ``plan.compiled()``, ``plan.lower_text()``, ``plan.run(...)``,
-``plan.place(...)``, ``plan.jitted``, ``plan.traced``, ``plan.boundary`` delegate to it.
-A note added after the build makes a new plan (``with_notes``).
+is computed on first use and kept (pure functions of the fields). Its later stages are new
+values, as JAX's (runtime/stages.py)::
+
+    lowered = plan.lower()        # Lowered: .as_text() (StableHLO), .compile()
+    compiled = lowered.compile()  # Compiled: .as_text() (HLO), compiled(*args) runs it
+
+The plan never holds them, and running one changes nothing in the plan. ``plan.compiled()``,
+``plan.lower_text()``, ``plan.run(...)``, ``plan.place(...)``, ``plan.jitted``,
+``plan.traced``, ``plan.boundary``, ``plan.executable`` (a run-time handle, as gp.spmd keeps
+one per plan cache entry: runtime/executable.py) still work: each builds what it returns on
+demand. A note added after the build makes a new plan (``with_notes``).
 """
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import attrs
@@ -37,6 +44,10 @@ from .runtime.layout import fine_spec
 from .sharding import Sharding
 
 
+def _read_only(m: Mapping) -> Mapping:
+    return m if isinstance(m, MappingProxyType) else MappingProxyType(dict(m))
+
+
 @attrs.frozen(slots=False, eq=False, repr=False)
 class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes (built by
@@ -53,8 +64,8 @@ class Plan:
     index: ProgramIndex  # per equation its op, loop counts, collectives
     in_dims: tuple[FineDims, ...]  # the inputs' shardings over the fine mesh
     out_dims: tuple[FineDims, ...]  # the outputs' shardings over the fine mesh (uneven ones as planned)
-    op_plans: Mapping[int, OpPlan]  # op id -> the projection the partitioner executed, in fine axes
-    _shardings: Mapping[int, Sharding]  # value id -> Sharding
+    op_plans: Mapping[int, OpPlan] = attrs.field(converter=_read_only)  # op id -> the projection executed, fine axes
+    _shardings: Mapping[int, Sharding] = attrs.field(converter=_read_only)  # value id -> Sharding
     in_tree: Any  # the pytree structure of the inputs (flat leaves: in_names)
     out_tree: Any  # ... and of the outputs
     in_names: tuple[str, ...] = attrs.field(converter=tuple)  # ``arg0``, ``arg1['w']``..., one per flat input
@@ -107,7 +118,7 @@ class Plan:
     @functools.cached_property
     def in_specs(self) -> tuple[JP, ...]:
         """The inputs' PartitionSpecs over the fine mesh (a zero-size input crosses replicated:
-        runtime/executable.py's jit_program)."""
+        runtime/stages.py's jit_program)."""
         return tuple(fine_spec(d if v.size else ((),) * v.rank) for v, d in zip(self.graph.inputs, self.in_dims))
 
     @functools.cached_property
@@ -126,46 +137,69 @@ class Plan:
         """The JAX mesh the program runs on (the fine mesh's axes; abstract for an abstract mesh)."""
         return self.fine.jax_mesh()
 
-    # -- running it: the executable (runtime/executable.py) ------------------------------
-    @functools.cached_property
+    # -- its stages: Plan -> Lowered -> Compiled (runtime/stages.py) ----------------------
+    def lower(self, platforms=None):
+        """A new ``Lowered`` stage (runtime/stages.py): the program's jit traced and lowered
+        (``platforms``: default the backend's; CPU on an abstract mesh). ``.as_text()``: its
+        StableHLO; ``.compile()``: a new ``Compiled`` (``.as_text()``, called as ``f`` is)."""
+        from .runtime.stages import Lowered
+
+        return Lowered.of(self, platforms=platforms)
+
+    # The members below are kept for callers of earlier versions; each builds what it returns
+    # on demand, anew on every call (the plan caches no stage): keep the object you reuse.
+    @property
     def executable(self):
-        """How this plan runs (runtime/executable.py's Executable), built on first use."""
+        """A new run-time handle (runtime/executable.py's Executable: the jit, its compiled stage
+        built once per handle). gp.spmd keeps one per plan cache entry."""
         from .runtime.executable import Executable
 
         return Executable(self)
 
     @property
     def jitted(self):
-        """The ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
-        return self.executable.jitted
+        """A new ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
+        from .runtime.stages import jit_program
+        from .runtime.stages import out_shardings
+
+        return jit_program(self, out_shardings(self))
 
     @property
     def traced(self):
-        """``self.jitted`` traced once at the padded input shapes (``jax.stages.Traced``)."""
-        return self.executable.traced
+        """The program's jit traced at the padded input shapes (``jax.stages.Traced``; ``self.lower().traced``)."""
+        return self.lower().traced
 
     @property
     def boundary(self):
-        """How arguments enter the program (boundary.Boundary)."""
-        return self.executable.boundary
+        """How arguments enter the program (boundary.Boundary), built anew."""
+        from .runtime.boundary import Boundary
+
+        return Boundary.of(self, self.traced.jaxpr)
 
     @property
     def out_jax_shardings(self):
         """The outputs' NamedShardings (over the user's mesh where it can say them); None on an abstract mesh."""
-        return self.executable.out_shardings
+        from .runtime.stages import out_shardings
+
+        return out_shardings(self)
 
     def compiled(self):
-        return self.executable.compiled()
+        """``jax.stages.Compiled`` of the program: ``self.lower().compile().compiled``, compiled anew."""
+        return self.lower().compile().compiled
 
     def lower_text(self) -> str:
-        """StableHLO of the SPMD program (works on abstract meshes too)."""
-        return self.executable.lower_text()
+        """StableHLO of the SPMD program, lowered for CPU (works on abstract meshes too):
+        ``self.lower(("cpu",)).as_text()``."""
+        return self.lower(("cpu",)).as_text()
 
     def place(self, leaves):
-        return self.executable.place(leaves)
+        """Every flat input leaf as a global jax.Array in its input sharding."""
+        return self.boundary.place(leaves)
 
     def run(self, leaves):
-        return self.executable.run(leaves)
+        """The program on the flat input leaves (``self.lower().compile().run``: compiles anew;
+        for repeated calls keep ``c = plan.lower().compile()`` and call ``c(*args)``)."""
+        return self.lower().compile().run(leaves)
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
@@ -210,7 +244,14 @@ class Plan:
         may be reused (default: the plan's donated inputs)."""
         from .cost import cost
 
-        return cost(self, hardware, donate=donate, overlap=overlap, while_trips=while_trips)
+        return cost(self.cost_input(), hardware, donate=donate, overlap=overlap, while_trips=while_trips)
+
+    def cost_input(self):
+        """What the cost model reads of this plan (cost/model.py's CostInput): the program
+        index, the mesh, the donated flat inputs."""
+        from .cost import CostInput
+
+        return CostInput(self.index, self.mesh, self.donate_argnums)
 
     def report(self) -> str:
         """Per-op table: global/local shapes, shardings, collectives; fallbacks and notes."""

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from .arguments import Call, Signature
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
+from ..runtime.executable import Executable
 from ..runtime.placed import logical_shape, unpad
 from ..errors import ArgumentError, ShardingError
 from ..compiler import Dims, gc_paused, plan_jaxpr
@@ -61,6 +62,14 @@ class _Entry:
     donate: tuple[int, ...]
     closure: tuple = ()  # closed-over tracers of an enclosing transformation: leading inputs of the jaxpr
     _staged: Optional[Callable] = None
+    _executable: Optional[Executable] = None
+
+    def executable(self) -> Executable:
+        """How this entry's plan runs (runtime/executable.py), built on first use: held here,
+        beside the plan, never inside it."""
+        if self._executable is None:
+            self._executable = Executable(self.plan)
+        return self._executable
 
     def staged(self, leaves):
         """The plan staged into the caller's trace: a jit (the plan's shardings) of spmd_call."""
@@ -69,7 +78,7 @@ class _Entry:
             if plan.mesh.is_abstract:
                 raise ShardingError(f"{plan.mesh} is abstract: {plan.fn_name} can be planned and lowered "
                                     f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
-            exe = plan.executable
+            exe = self.executable()
             in_sh, out_sh = exe.staged_in_shardings(), tuple(s for s, _ in exe.staged_out_shardings())
             jaxpr, params = self.jaxpr, self.params
             self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
@@ -86,7 +95,7 @@ class _Entry:
 
     def _layouts(self) -> list:
         """(label, NamedSharding) per input and output of the staged call, for messages."""
-        exe, plan = self.plan.executable, self.plan
+        exe, plan = self.executable(), self.plan
         return (list(zip(plan.in_names, exe.staged_in_shardings()))
                 + [(f"output {i}", s) for i, (s, _) in enumerate(exe.staged_out_shardings())])
 
@@ -140,6 +149,11 @@ class Spmd:
         """The plan for these arguments (arrays or jax.ShapeDtypeStructs): compiles nothing, runs nothing."""
         return self._entry(self._sig.bind(args, kwargs, plan_only=True)).plan
 
+    def executable(self, *args, **kwargs) -> Executable:
+        """The run-time handle of the plan for these arguments (arrays or jax.ShapeDtypeStructs),
+        as the call uses it: compiled on its first run, once per plan cache entry."""
+        return self._entry(self._sig.bind(args, kwargs, plan_only=True)).executable()
+
     def __call__(self, *args, **kwargs):
         if jax.config.jax_disable_jit:  # debugging, as jax.jit: the plain function, op by op
             return self.fn(*args, **kwargs)
@@ -149,7 +163,7 @@ class Spmd:
             key = (key, trace_config())
             e = self._fast.get(key)
             if e is not None:
-                exe = e.plan.executable
+                exe = e.executable()
                 exe.check_same_program()
                 return exe.run(leaves)
         call = self._sig.bind(args, kwargs)
@@ -161,7 +175,7 @@ class Spmd:
         entry = self._entry(call)
         if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
             return entry.staged(call.leaves)
-        exe = entry.plan.executable
+        exe = entry.executable()
         exe.check_same_program()  # multi-process runs only: every process planned this program
         if fast:
             self._fast.put(key, entry)  # (tracers never get here: their calls are staged above)

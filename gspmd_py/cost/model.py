@@ -1,15 +1,17 @@
 """``plan.cost(hw)``: a prediction of one step of the SPMD program on ``hw``, per device.
 
-Everything is read from the plan's own records, never from JAX's execution:
+The model reads one typed value, a ``CostInput`` (the program index, the mesh, the donated
+inputs; ``plan.cost_input()`` makes a plan's, the search builds one per candidate), never
+JAX's execution:
 
-* ``plan.index``: the per-device program (local shapes) as the program index read it
+* ``index``: the per-device program (local shapes) as the program index read it
   (program/program_index.py); the walk goes over its bodies, never over the program
   itself. Each equation's FLOPs and bytes (counting.py, fusion.py); its op, its
   collectives and its loops' trip counts are the index's (``scan``: ``length``; ``while``:
   derived when the loop counts a constant range — ``i = c0; while i < c1: i += s`` — else
   ``while_trips``, said in ``notes``); loop bodies count times their trip count, ``cond``:
   its costliest branch.
-* ``plan.collectives``: every collective (kind, axes, bytes), priced over the links that
+* the index's collectives: every collective (kind, axes, bytes), priced over the links that
   ``hw`` gives its axes (collectives.py), as the runtime runs it (``hw.algorithm``: one
   flat all-reduce over NVLink and the network is one ring paced by the network; the phased
   program is priced as phases only when the plan holds its phases as collectives). A
@@ -39,6 +41,7 @@ import attrs
 import numpy as np
 from jax.extend.core import Literal
 
+from ..mesh import Mesh
 from ..ops import facts as F
 from ..ops import facts_of
 from ..program.collective import Collective
@@ -49,6 +52,21 @@ from .fusion import Fusion
 from .hardware import Hardware
 from .memory import Memory, peak_memory
 
+
+def _flat_indices(donate) -> tuple[int, ...]:
+    if isinstance(donate, (int, np.integer)):
+        donate = (donate,)
+    return tuple(int(i) for i in donate)
+
+
+@attrs.frozen
+class CostInput:
+    """What the cost model prices: the per-device program as the program index read it, the
+    mesh its collectives run over, and the flat input indices whose buffers it may reuse."""
+
+    index: ProgramIndex
+    mesh: Mesh
+    donate: tuple[int, ...] = attrs.field(default=(), converter=_flat_indices)
 
 
 @attrs.frozen
@@ -199,17 +217,17 @@ class _Acc:
 
 
 class _Walker:
-    def __init__(self, plan, hw: Hardware, while_trips: int):
-        self.plan, self.hw, self.while_trips = plan, hw, while_trips
+    def __init__(self, program: CostInput, hw: Hardware, while_trips: int):
+        self.mesh, self.hw, self.while_trips = program.mesh, hw, while_trips
         self.notes: list[str] = []
-        self.index: ProgramIndex = plan.index  # per equation (by path): its op, collectives, loop counts
+        self.index: ProgramIndex = program.index  # per equation (by path): its op, collectives, loop counts
         self._levels: dict = {}
 
     def coll_time(self, c: Collective) -> float:
         key = (c.kind, c.axes, c.bytes_per_device)
         t = self._levels.get(key)
         if t is None:
-            t = self._levels[key] = self.hw.collective_time(c.kind, c.bytes_per_device, self.plan.mesh, c.axes)
+            t = self._levels[key] = self.hw.collective_time(c.kind, c.bytes_per_device, self.mesh, c.axes)
         return t
 
     def eqn_time(self, eqn, fusion: Fusion) -> tuple[float, float, float, float]:
@@ -312,23 +330,22 @@ class _Walker:
 
 # -- entry point -----------------------------------------------------------------------------
 
-def cost(plan, hw: Hardware, *, donate=None, overlap: bool = False, while_trips: int = 1) -> Cost:
-    """Predict one step of ``plan`` on ``hw`` (see the module docstring).
+def cost(program: CostInput, hw: Hardware, *, donate=None, overlap: bool = False, while_trips: int = 1) -> Cost:
+    """Predict one step of ``program`` on ``hw`` (see the module docstring).
 
     ``donate``: flat input indices whose buffers the program may reuse (as
-    ``donate_argnums`` of ``gp.spmd``, flattened); default: the plan's own
-    ``donate_argnums`` if it has them, else none.
+    ``donate_argnums`` of ``gp.spmd``, flattened); default: ``program.donate``.
     """
+    if not isinstance(program, CostInput):
+        raise TypeError(f"cost needs a CostInput (plan.cost_input()), got {type(program).__name__}")
     if not isinstance(hw, Hardware):
         raise TypeError(f"plan.cost needs a gp.Hardware (e.g. gp.Hardware.preset('h100-node')), got {type(hw).__name__}")
-    if donate is None:
-        donate = getattr(plan, "donate_argnums", ()) or ()
-    donated = _donated_mask(plan, donate)
-    w = _Walker(plan, hw, while_trips)
+    donated = _donated_mask(program.index, program.donate if donate is None else _flat_indices(donate))
+    w = _Walker(program, hw, while_trips)
     acc = _Acc()
-    serial, overlapped = w.walk(plan.index.root, 1, acc)
+    serial, overlapped = w.walk(program.index.root, 1, acc)
     serial, overlapped = serial + hw.step_overhead, overlapped + hw.step_overhead
-    mem: Memory = peak_memory(plan.index, donated)
+    mem: Memory = peak_memory(program.index, donated)
     ops = []
     for key, r in acc.rows.items():
         ops.append(OpCost(key, r.label, r.flops, r.trans, r.bytes, r.compute_s, tuple(r.colls)))
@@ -338,7 +355,7 @@ def cost(plan, hw: Hardware, *, donate=None, overlap: bool = False, while_trips:
     colls = [c for o in ops for c in o.collectives]
     notes = list(dict.fromkeys(w.notes))
     return Cost(
-        hardware=hw.name, mesh=repr(plan.mesh), devices=plan.mesh.size,
+        hardware=hw.name, mesh=repr(program.mesh), devices=program.mesh.size,
         flops=sum(o.flops for o in ops), transcendentals=sum(o.transcendentals for o in ops),
         bytes_accessed=sum(o.bytes_accessed for o in ops),
         comm_bytes=sum(c.collective.bytes_per_device * c.count for c in colls),
@@ -356,13 +373,10 @@ def _op_order(o: OpCost):
     return (0, int(m.group(1)), "") if m else (1, 0, o.key)
 
 
-def _donated_mask(plan, donate) -> tuple[bool, ...]:
-    n = len(plan.index.root.jaxpr.invars)
-    if isinstance(donate, (int, np.integer)):
-        donate = (donate,)
+def _donated_mask(index: ProgramIndex, donate: tuple[int, ...]) -> tuple[bool, ...]:
+    n = len(index.root.jaxpr.invars)
     mask = [False] * n
     for i in donate:
-        i = int(i)
         if not -n <= i < n:
             raise IndexError(f"donate index {i} out of range: the plan has {n} flat inputs")
         mask[i] = True

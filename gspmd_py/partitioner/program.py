@@ -81,7 +81,7 @@ def op_scope(op: Op) -> str:
 
 def boundary_out_dims(sizes: Mapping[str, int], shape, dims: FineDims) -> FineDims:
     """Drop the axes of dims whose size they do not divide (jax.Arrays must divide evenly);
-    a zero-size output leaves replicated (it holds no data: runtime/executable.py's jit_program).
+    a zero-size output leaves replicated (it holds no data: runtime/stages.py's jit_program).
     ``sizes``: fine axis -> size."""
     if 0 in shape:
         return ((),) * len(shape)

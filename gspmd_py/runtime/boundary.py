@@ -20,8 +20,8 @@ no more than ``jax.jit`` does:
 On a multi-process run (``jax.distributed``) every input is placed by
 ``global_inputs.place_global`` (each process transfers only the shards its devices hold).
 
-    b = plan.executable.boundary             # built once per plan (Boundary.of(plan, traced jaxpr))
-    outs = b.call(plan.compiled(), leaves)    # flat list of output jax.Arrays
+    c = plan.lower().compile()               # runtime/stages.py's Compiled: its boundary is Boundary.of(plan, traced jaxpr)
+    outs = c.boundary.call(c.compiled, leaves)   # flat list of output jax.Arrays
 """
 from __future__ import annotations
 

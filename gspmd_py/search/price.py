@@ -12,15 +12,13 @@ from typing import Optional, Sequence
 
 import attrs
 
-from ..cost import Hardware, cost
+from ..cost import CostInput, Hardware, cost
 from ..ir import Graph
 from ..runtime.layout import own_mesh
 from ..frontend.constraints import outside_user_mesh
 from ..mesh import Mesh
 from ..program.combine import DEFAULT_THRESHOLD_BYTES, combine
-from ..program.collective import Collective
 from ..partitioner.passes import index_program, partition_graph, reindex
-from ..program.program_index import ProgramIndex
 from ..propagation import Propagation, Seed
 from ..sharding import Sharding
 
@@ -36,21 +34,6 @@ class Price:
     top_buffers: tuple[tuple[str, int], ...] = ()  # the largest live values at the peak: (what, bytes)
 
 
-@attrs.define(eq=False)
-class _Program:
-    """What ``cost.cost`` reads from a Plan: graph, mesh, the per-device program and its index."""
-
-    graph: Graph
-    mesh: Mesh
-    program: object
-    index: ProgramIndex
-    donate_argnums: tuple[int, ...] = ()
-
-    @property
-    def collectives(self) -> list[Collective]:
-        return list(self.index.collectives)
-
-
 def fingerprint(prop: Propagation, graph: Graph) -> tuple:
     """The propagated shardings of every value and the factor axes of every op: equal
     fingerprints give the same per-device program."""
@@ -60,15 +43,16 @@ def fingerprint(prop: Propagation, graph: Graph) -> tuple:
 
 
 def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
-                       combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> _Program:
+                       combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
+                       donate: Sequence[int] = ()) -> CostInput:
     """The partitioner's per-device program for these shardings, traced to a jaxpr, combined
     and indexed: the compiler's partition, index and combine passes (partitioner/passes.py),
-    without the jit around them."""
+    without the jit around them; as the cost model's typed input."""
     with outside_user_mesh(), own_mesh():
         part = partition_graph(graph, mesh, prop)
         raw = index_program(part.program, part.fine, graph)
         program = combine(raw, combine_threshold_bytes, part.axis_env)
-    return _Program(graph, mesh, program, reindex(raw, program, part.fine, graph))
+    return CostInput(reindex(raw, program, part.fine, graph), mesh, tuple(donate))
 
 
 class Pricer:
@@ -104,10 +88,9 @@ class Pricer:
 
     def _build(self, prop: Propagation) -> Price:
         """Build and cost one candidate (a failure propagates: the search skips and counts it)."""
-        prog = per_device_program(self.graph, self.mesh, prop, self.combine)
-        prog.donate_argnums = self.donate
+        prog = per_device_program(self.graph, self.mesh, prop, self.combine, self.donate)
         c = cost(prog, self.hw)
-        return Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.collectives),
+        return Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.index.collectives),
                      _top_buffers(self.graph, self.mesh, prop))
 
 

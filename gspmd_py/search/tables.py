@@ -8,10 +8,11 @@ a fixed list per graph:
 * one compute term per op: its local FLOPs and bytes under the projection (matmul rate for
   dot/conv, else the vector rate or memory bandwidth, whichever binds);
 * one resharding term per operand edge (the value's sharding -> the operand dims the
-  projection executes) and per result edge (the result dims -> the value's sharding):
-  all-gather of the axes the target drops, all-to-all of the axes it moves to another dim;
-* one partial term per result of an op with sharded reduction factors: the all-reduce (or
-  reduce-scatter, when the value keeps the axes) that combines it.
+  projection executes) and per result edge (the result dims -> the value's sharding): the
+  collectives of the reshard planner's steps (program/reshard_plan.py), the very steps the
+  partitioner emits, each at the bytes it sends;
+* one partial term per result of an op with sharded reduction factors: the planner's
+  reduce-scatters and all-reduces that combine it towards the value's sharding.
 
 Each term's integer indexes a row of one table (seconds, collective bytes per device),
 filled once per distinct (op signature, layout) or (value type, source layout, target
@@ -63,6 +64,7 @@ from ..ir import Graph, Op
 from ..mesh import Mesh
 from ..ops import facts as F
 from ..ops import facts_of
+from ..program.reshard_plan import REDUCTIONS, plan_reshard
 from ..propagation import Propagation
 
 LOOP_TRIPS = {"scan": lambda op: int(op.params.get("length", 1))}
@@ -250,14 +252,15 @@ class CostTables:
             self._groups.append((tuple(groups) + (-1, -1))[:2])
         return k
 
-    def _coll_time(self, kind: str, nbytes: int, axes: tuple, grouped: bool = False) -> tuple[float, int]:
-        """(bandwidth seconds, latency group) of one collective: its latency (``collective_time``
-        of one byte) is charged once per group (kind, axes) per candidate, as the combiner
-        issues independent collectives of one kind over the same axes as one."""
+    def _coll_time(self, kind: str, nbytes: int, axes: tuple[str, ...], grouped: bool = False) -> tuple[float, int]:
+        """(bandwidth seconds, latency group) of one collective over mesh ``axes`` (names): its
+        latency (``collective_time`` of one byte) is charged once per group (kind, axes) per
+        candidate, as the combiner issues independent collectives of one kind over the same
+        axes as one."""
         key = (kind, nbytes, axes)
         got = self._coll.get(key)
         if got is None:
-            names = [str(a) for a in axes]
+            names = list(axes)
             g = self._group_of.get((kind, axes))
             if g is None:
                 g = self._group_of[(kind, axes)] = len(self._alpha)
@@ -288,34 +291,37 @@ class CostTables:
             ct = work / hw.vector_flops
         return max(ct, nb / hw.mem_bandwidth), 0.0, ()
 
+    def _steps(self, shape, src, dst, partial=(), keep_partial: bool = False):
+        """The reshard planner's steps (program/reshard_plan.py: the ones the partitioner emits)
+        for mesh-axis dims ``src`` -> ``dst``, and the axes' names per step."""
+        refs = {a for d in tuple(src) + tuple(dst) for a in d} | set(partial)
+        order = sorted(refs, key=lambda r: (self.mesh.axis_index(r.name), r.pre, r.size))
+        name = {r: str(r) for r in order}
+        names = lambda dims: tuple(tuple(name[a] for a in d) for d in dims)  # noqa: E731
+        return plan_reshard(tuple(shape), names(src), names(dst), tuple((name[r], r.size) for r in order),
+                            tuple(name[a] for a in partial), keep_partial)
+
+    def _price_steps(self, steps, itemsize: int, grouped: bool, kinds=None) -> tuple:
+        t = b = 0.0
+        groups = []
+        for st in steps:
+            if not st.communicates or (kinds is not None and st.kind not in kinds):
+                continue
+            nb = st.bytes(itemsize)
+            dt, g = self._coll_time(st.kind, nb, st.axes, grouped)
+            t, b = t + dt, b + nb
+            groups.append(g)
+        return t, b, groups
+
     def _reshard_cost(self, shape, itemsize: int, src, dst, grouped: bool) -> tuple:
         if src == dst:
             return 0.0, 0.0, ()
-        nb = _local_bytes(shape, itemsize, src)
-        where = {a: d for d, axes in enumerate(dst) for a in axes}
-        gather, moved = [], []
-        for d, axes in enumerate(src):
-            for a in axes:
-                e = where.get(a)
-                if e is None:
-                    gather.append(a)
-                elif e != d:
-                    moved.append(a)
-        t = b = 0.0
-        groups = []
-        for kind, axes in (("all-to-all", moved), ("all-gather", gather)):
-            if axes:
-                dt, g = self._coll_time(kind, nb, tuple(axes), grouped)
-                t, b = t + dt, b + nb
-                groups.append(g)
-        return t, b, groups
+        return self._price_steps(self._steps(shape, src, dst), itemsize, grouped)
 
     def _partial_cost(self, shape, itemsize: int, rdims, axes, vdims, grouped: bool) -> tuple:
-        nb = _local_bytes(shape, itemsize, rdims)
-        kept = {a for d in vdims for a in d}
-        kind = "reduce-scatter" if all(a in kept for a in axes) else "all-reduce"
-        t, g = self._coll_time(kind, nb, tuple(axes), grouped)
-        return t, float(nb), (g,)
+        """The reductions of the partial result (the reshard planner's reduce-scatters and
+        all-reduces towards the value's layout; its other steps are the "out" term's)."""
+        return self._price_steps(self._steps(shape, rdims, vdims, tuple(axes)), itemsize, grouped, REDUCTIONS)
 
     def indices(self, prop: Propagation) -> np.ndarray:
         """Row of the table per term for one propagated candidate (new rows filled as met)."""

@@ -140,15 +140,16 @@ def test_no_module_stores_attributes_on_a_plan():
 
 
 def test_plans_and_diagnostics_are_frozen_and_executables_change_only_in_their_module():
-    """A Plan and the partitioner's Diagnostics are frozen attrs values (a store raises:
-    runtime/test_executable.py); an Executable (runtime/executable.py) is the one object with
+    """A Plan, its stages (runtime/stages.py: Lowered, Compiled) and the partitioner's Diagnostics
+    are frozen attrs values (a store raises: runtime/test_executable.py); an Executable (runtime/executable.py) is the one object with
     run-time state, and no other module stores attributes on it."""
     import attrs
 
     from gspmd_py.partitioner.diagnostics import Diagnostics
     from gspmd_py.plan import Plan
+    from gspmd_py.runtime.stages import Compiled, Lowered
 
-    for cls in (Plan, Diagnostics):
+    for cls in (Plan, Diagnostics, Lowered, Compiled):
         assert attrs.has(cls) and cls.__setattr__ is not object.__setattr__, cls
     stores = _plan_uses(r"\b(?:executable|exe|diagnostics)\.\w+\s*=(?!=)")
     assert [u for u in stores if not u.startswith(f"{PKG}.runtime.executable:")] == []

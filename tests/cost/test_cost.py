@@ -260,8 +260,6 @@ def test_calibrate_smoke():
 
 def test_combined_collective_is_priced_as_one():
     """The combiner's merged all-reduce (one psum under "combined<ids>") pays one alpha."""
-    from types import SimpleNamespace
-
     from gspmd_py.fine_mesh import FineMesh
     from gspmd_py.program.program_index import ProgramIndex
 
@@ -280,14 +278,12 @@ def test_combined_collective_is_priced_as_one():
             b = lax.psum(b, "m")
         return a, b
 
-    def fake_plan(fn):
+    def cost_input(fn):  # the cost model's typed input: no plan needed
         program = jax.make_jaxpr(fn, axis_env=[("m", 4)])(S((8,), F32), S((8,), F32))
-        graph = SimpleNamespace(walk=lambda: [])
-        index = ProgramIndex.build(program, fine, lambda i: f"op {i}")
-        return SimpleNamespace(graph=graph, mesh=mesh, program=program, index=index, collectives=index.collectives)
+        return model.CostInput(ProgramIndex.build(program, fine, lambda i: f"op {i}"), mesh)
 
-    one, two = fake_plan(combined), fake_plan(separate)
-    (rec,) = one.collectives
+    one, two = cost_input(combined), cost_input(separate)
+    (rec,) = one.index.collectives
     assert (rec.kind, rec.bytes_per_device, rec.tensors, rec.op_id) == ("all-reduce", 64, 2, -1)
     c1, c2 = model.cost(one, H100), model.cost(two, H100)
     nv = H100.topology.intra
@@ -311,3 +307,15 @@ def test_combiner_output_is_priced_as_one_collective():
     assert (cc.collective.kind, cc.collective.tensors, cc.collective.bytes_per_device) == ("all-reduce", 2, 3072)
     nv = H100.topology.intra
     assert cc.seconds == pytest.approx(2 * (3 * nv.alpha + 3 / 4 * 3072 / nv.beta))
+
+
+def test_the_cost_model_takes_a_typed_input():
+    """cost() reads a CostInput (index, mesh, donations), not whatever object has an ``index``."""
+    mesh = gp.Mesh.abstract((4,), ("m",))
+    f = gp.spmd(lambda x, w: x @ w, mesh, in_shardings=(None, gp.P(None, "m")), donate_argnums=0)
+    plan = f.plan(S((8, 16), F32), S((16, 32), F32))
+    inp = plan.cost_input()
+    assert isinstance(inp, model.CostInput) and inp.donate == (0,) and inp.mesh == mesh
+    assert model.cost(inp, H100) == plan.cost(H100)
+    with pytest.raises(TypeError, match="CostInput"):
+        model.cost(plan, H100)

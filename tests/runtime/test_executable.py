@@ -42,6 +42,8 @@ def test_a_plan_is_immutable(mesh):
         plan.anything_new = 1
     with pytest.raises(TypeError):  # its maps are read-only views too
         plan.diagnostics.held[0] = None  # type: ignore[index]
+    with pytest.raises(TypeError):
+        plan.op_plans[0] = None  # type: ignore[index]
     assert isinstance(plan.diagnostics.notes, tuple)
 
 
@@ -49,18 +51,50 @@ def test_the_executable_is_a_separate_object_that_runs_the_plan(mesh):
     x, w = _args()
     f = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y")))
     plan = f.plan(x, w)
-    exe = plan.executable
+    exe = f.executable(x, w)
     assert isinstance(exe, Executable) and exe.plan is plan
-    assert plan.executable is exe  # built once
-    assert plan.jitted is exe.jitted and plan.traced is exe.traced and plan.boundary is exe.boundary
-    assert plan.compiled() is exe.compiled()
+    assert f.executable(x, w) is exe  # one per plan cache entry, beside the plan
+    assert plan.executable is not exe and plan.executable.plan is plan  # the plan holds none: built on demand
+    assert exe.compiled() is exe.compiled()  # compiled once per handle
     out = exe.run([x, w])
     np.testing.assert_allclose(np.asarray(out), _mlp(x, w), rtol=1e-5, atol=1e-5)
     # the call equals the jit of the program on the placed inputs, and gp.spmd's own call
     direct = exe.jitted(*exe.place([x, w]))[0]
     np.testing.assert_array_equal(np.asarray(direct), np.asarray(out))
     np.testing.assert_array_equal(np.asarray(f(x, w)), np.asarray(out))
+    np.testing.assert_array_equal(np.asarray(plan.run([x, w])), np.asarray(out))
     assert plan.lower_text() == exe.lower_text()
+
+
+def test_stages_are_new_values_and_a_run_changes_nothing_in_the_plan(mesh):
+    """Plan -> Lowered -> Compiled (runtime/stages.py, as jax's stages): each call builds a new
+    stage, no stage holds the next, and running one leaves the plan as it was."""
+    from gspmd_py.runtime.stages import Compiled, Lowered
+
+    x, w = _args()
+    f = gp.spmd(_mlp, mesh, in_shardings=(P("x", None), P(None, "y")))
+    plan = f.plan(x, w)
+    before = dict(vars(plan))
+    lowered = plan.lower()
+    assert isinstance(lowered, Lowered) and lowered.plan is plan and plan.lower() is not lowered
+    assert "stablehlo" in lowered.as_text() or "func.func" in lowered.as_text()
+    assert lowered.as_text() == plan.lower_text()
+    compiled = lowered.compile()
+    assert isinstance(compiled, Compiled) and compiled.lowered is lowered and lowered.compile() is not compiled
+    assert not any(isinstance(getattr(lowered, a.name), Compiled) for a in attrs.fields(Lowered))
+    assert "all-gather" in compiled.as_text() or "all-reduce" in compiled.as_text() or "dot" in compiled.as_text()
+    np.testing.assert_allclose(np.asarray(compiled(x, w)), _mlp(x, w), rtol=1e-5, atol=1e-5)
+    f(x, w)
+    after = dict(vars(plan))
+    assert {k: after[k] for k in before} == before and set(after) - set(before) <= {
+        "out_fine_dims", "in_specs", "out_specs", "padded_in_shapes", "jax_mesh"}  # derived values only
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        lowered.lowered = None
+    with pytest.raises(gp.ShardingError, match="abstract"):
+        gp.spmd(_mlp, gp.Mesh.abstract((2, 4), ("x", "y")), in_shardings=(P("x", None), None)).plan(
+            jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((16, 8), jnp.float32)).lower().compile()
+    with pytest.raises(gp.ArgumentError, match="structure"):
+        compiled(x)
 
 
 def test_the_partition_pass_returns_its_diagnostics_as_a_value():
