@@ -139,10 +139,13 @@ def test_huge_halo_falls_back_to_gather_whole_dim():
     assert plan.sharding_of("out0").spec == gp.P(None, "y", None, None)  # the output stays sharded
 
 
-def test_kernel_sharded_on_spatial_dims_is_gathered_whole():
+def test_kernel_sharded_on_spatial_dims_is_made_whole():
+    """The kernel's sharded spatial dim must be whole for the conv: its axis moves to the kernel's
+    output channels (one all-to-all, dim 3 divides), and the note says where it went."""
     x, w = rand((2, 30, 13, 3)), rand((5, 5, 3, 4), seed=1)
     plan = check(conv_fn((1, 1), "SAME"), MESH, (x, w), (gp.P(None, "y"), gp.P("x")), rtol=1e-4, atol=1e-4)
-    assert any("needs replication" in n and "gathered whole" in n for n in plan.diagnostics.notes)
+    assert any("operand 1 dim 0" in n and "needs replication" in n and "moved to dim 3" in n
+               for n in plan.diagnostics.notes)
 
 
 def test_conv3d_volume_sharded_over_two_spatial_dims():
