@@ -109,15 +109,20 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--programs", default="blocks96,uneven")
     ap.add_argument("--base", default=None, help="another checkout of gspmd_py, measured as 'ours before'")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "first_call_table.md"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "first_call.md"))
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(_child(*args.child)))
         return 0
+    load = os.getloadavg()[0]
     table = run([p for p in args.programs.split(",") if p], args.reps, args.base)
     print(table)
+    sys.path.append(HERE)
+    from machine import describe  # noqa: E402  (runs as a script or as a module alike)
+
     with open(args.out, "w") as fh:
-        fh.write(f"# First calls in fresh processes (medians of {args.reps} interleaved samples)\n\n" + table)
+        fh.write(f"# First calls in fresh processes (medians of {args.reps} interleaved samples)\n\n{describe()}; "
+                 f"load average {load:.1f} at the start.\n\n" + table)
     return 0
 
 
