@@ -7,12 +7,14 @@ no more than ``jax.jit`` does:
 * even inputs go to the compiled executable as they are: numpy arrays are transferred
   by it straight from host into their shards (one transfer, no stop on one device), and
   jax.Arrays already in the input sharding pass through untouched;
-* uneven numpy inputs of :data:`HOST_PAD_MIN_BYTES` or more are padded per shard with
-  ``jax.make_array_from_callback`` (each device receives its block, the last ones padded;
-  no padded copy of the whole array is made); smaller ones, and uneven jax.Arrays (e.g. a
-  previous call's outputs, which keep their logical shape), go to a second executable,
-  compiled on first use, that pads them inside the program: one dispatch per call, as
-  ``jax.jit`` needs;
+* uneven numpy inputs are padded on the host, never by a compiled pad (the first call
+  pays no more for padding than later calls): from :data:`HOST_PAD_MIN_BYTES` up per shard
+  with ``jax.make_array_from_callback`` (each device receives its block, the last ones
+  padded; no padded copy of the whole array is made), smaller ones whole with ``np.pad``,
+  then transferred by the executable like an even numpy input;
+* uneven jax.Arrays (e.g. a previous call's outputs, which keep their logical shape) go to
+  a second executable, compiled on first use, that pads them inside the program: one
+  dispatch per call, as ``jax.jit`` needs;
 * only when the executable rejects an argument (a jax.Array laid out differently) are
   the inputs placed explicitly (:meth:`Boundary.place`: ``jax.device_put`` into the
   input sharding) and the call retried.
@@ -37,8 +39,8 @@ from .placed import MARK, logical_shape, mark, unpad
 
 #: Uneven numpy inputs from this size up are padded per shard on the host (each device gets
 #: its block: for a 2 MiB input, 7.6 ms against 11 ms for moving it whole, as jax.jit does);
-#: smaller ones go whole to the executable that pads inside (the 8 per-shard callbacks cost
-#: ~0.5 ms, more than the bytes they save: 1.0 ms against 1.55 ms for 128 KiB).
+#: smaller ones are padded whole with ``np.pad`` and transferred by the executable (the 8
+#: per-shard callbacks cost ~0.5 ms, more than the bytes they save).
 HOST_PAD_MIN_BYTES = 256 * 1024
 
 
@@ -100,9 +102,13 @@ class Boundary:
                 x = args[i]
                 if np.shape(x) == self.padded_shapes[i]:  # padded already (e.g. from_local's blocks)
                     continue
-                if self._jaxpr is not None and (isinstance(x, jax.Array) or np.size(x) * self.dtypes[i].itemsize
-                                                < HOST_PAD_MIN_BYTES):
-                    exe = self._fused_program(executable)  # pads inside: one dispatch
+                if isinstance(x, jax.Array):
+                    if self._jaxpr is not None:
+                        exe = self._fused_program(executable)  # pads inside: one dispatch
+                    else:
+                        args[i] = self.pad(i, x)
+                elif np.size(x) * self.dtypes[i].itemsize < HOST_PAD_MIN_BYTES:
+                    args[i] = _host_pad_whole(x, self.padded_shapes[i], self.dtypes[i])  # no compile
                 else:
                     args[i] = self.pad(i, x)
         try:
@@ -219,6 +225,17 @@ def host_pad(x: np.ndarray, padded_shape: tuple[int, ...], dtype: np.dtype, targ
         return np.pad(blk, pads) if any(hi for _, hi in pads) else blk
 
     return jax.make_array_from_callback(padded_shape, target, block)
+
+
+def _host_pad_whole(x, padded_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A numpy value zero-padded to ``padded_shape`` on the host (one small copy: the executable
+    then transfers it as it does an even numpy input; nothing is compiled for the padding).
+
+    >>> _host_pad_whole(np.arange(3), (4,), np.dtype("float32")).tolist()
+    [0.0, 1.0, 2.0, 0.0]
+    """
+    a = np.asarray(x, dtype=dtype)
+    return np.pad(a, [(0, p - n) for n, p in zip(a.shape, padded_shape)])
 
 
 def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np.dtype,

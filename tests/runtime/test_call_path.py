@@ -143,3 +143,43 @@ def test_donated_uneven_array_runs_through_the_fused_program(mesh):
     b = f(a)
     c = f(b)  # an uneven jax.Array: padded inside the program, donated
     np.testing.assert_allclose(np.asarray(c), a + 2.0)
+
+
+class _Compiles:
+    """Counts XLA compilations (jax.monitoring's backend-compile event) while active."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.n = 0
+
+    def _on(self, event, duration, **kw):
+        if event == self.EVENT:
+            self.n += 1
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._on)
+
+
+@pytest.mark.parametrize("shape", [(7, 13), (300, 257)])  # padded whole (small), per shard (>= 256 KiB)
+def test_uneven_numpy_inputs_are_padded_without_compiling(mesh, shape):
+    """The first call compiles the program and nothing else: the boundary pads uneven numpy
+    inputs on the host (no jitted pad, no second executable), so padding costs the first
+    call what it costs every later call."""
+    f = gp.spmd(lambda v, w: v * 2.0 + w, mesh, in_shardings=(P("x", "y"), P(None, "y")))
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((1, shape[1])).astype(np.float32)
+    with _Compiles() as first:
+        out = f(a, w)
+    np.testing.assert_allclose(np.asarray(out), a * 2.0 + w, rtol=1e-6)
+    assert first.n == 1  # the program itself
+    b = a[::-1].copy()
+    with _Compiles() as later:
+        out = f(b, w)
+    np.testing.assert_allclose(np.asarray(out), b * 2.0 + w, rtol=1e-6)
+    assert later.n == 0
