@@ -412,7 +412,14 @@ def test_low_precision_training_step(dtype):
     the same with ``jax.value_and_grad(loss_fn)``, not run in CI: float16 Adam with eps 1e-8
     is NaN unpartitioned too), Megatron over y, data over x, 3 rows over 2 shards: every
     result as the unpartitioned one's, to a few roundings of the dtype."""
-    from test_programs import T, V, adam_step, init, loss_fn
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "programs" / "test_programs.py"  # found whether or not collected
+    spec = importlib.util.spec_from_file_location("_programs_for_user_values", path)
+    programs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(programs)
+    T, V, adam_step, init, loss_fn = programs.T, programs.V, programs.adam_step, programs.init, programs.loss_fn
 
     params = jax.tree_util.tree_map(lambda a: a.astype(dtype), init(jax.random.PRNGKey(0)))
     rng = np.random.default_rng(0)
