@@ -33,7 +33,7 @@ from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
 from . import axes as ax
-from .projection import INF, Projection, TensorState, project_cached, record
+from .projection import INF, Projection, TensorState, project_cached, record_key
 
 
 @attrs.frozen
@@ -85,9 +85,11 @@ class Propagation:
                 lst = self._near.setdefault(v.id, [])
                 if not lst or lst[-1] != i:
                     lst.append(i)
-        self._dirty = [True] * len(self.ops)
+        # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
+        # are all open has nothing to offer, so a fresh run starts with every op clean
+        self._dirty = [False] * len(self.ops)
         self._ts: dict[int, TensorState] = {}  # value id -> its TensorState while unchanged
-        self._forward_done = [False] * len(self.ops)
+        self._forward_done = [True] * len(self.ops)
 
     def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
         """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
@@ -100,8 +102,8 @@ class Propagation:
         fresh._near = self._near
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
         fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
-        fresh._dirty = [True] * len(self.ops)
-        fresh._forward_done = [False] * len(self.ops)
+        fresh._dirty = [False] * len(self.ops)
+        fresh._forward_done = [True] * len(self.ops)
         return fresh
 
     # -- driver -------------------------------------------------------------
@@ -222,8 +224,17 @@ class Propagation:
         return changed
 
     def _record(self) -> None:
+        keys: dict[int, tuple] = {}  # value id -> (axes, priorities, size)
+        state, values = self.state, self.values
         for op in self.ops:
-            self.projections[op.id] = record(self.mesh, self.rules[op.id], self.tensor_states(op))
+            key = []
+            for v in self.tensors[op.id]:
+                k = keys.get(v.id)
+                if k is None:
+                    st = state[v.id]
+                    k = keys[v.id] = (tuple(s.axes for s in st), tuple(s.prio for s in st), values[v.id].size)
+                key.append(k)
+            self.projections[op.id] = record_key(self.mesh, self.rules[op.id], tuple(key))
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:

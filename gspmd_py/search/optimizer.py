@@ -48,6 +48,7 @@ so that a plan does not depend on the machine it was searched on.
 """
 from __future__ import annotations
 
+import collections
 import random
 import sys
 import time
@@ -72,6 +73,7 @@ SCREEN = True
 SCREEN_BEAM = 3 * BEAM
 SCREEN_CLIMB = 3
 SCREEN_CHUNK = 8
+KEEP_PROPAGATIONS = 64  # ranked states' propagations kept for pricing (rank, keep)
 MAX_EVALUATIONS = 2000  # default deterministic budget: candidate states priced or ranked
 
 Action = tuple  # (class index, dim, axis name)
@@ -148,6 +150,7 @@ class _Search:
                 self.skip(e)
                 self.screen = False
         self.tscore: dict = {}  # state -> the tables' score (pre-screen)
+        self.props: collections.OrderedDict = collections.OrderedDict()  # state -> propagation (keep)
         self.screened = 0  # states ranked by the tables
         self.max_evaluations = int(max_evaluations)
         self.stopped_by = ""
@@ -239,7 +242,9 @@ class _Search:
         props, todo = {}, []
         states = list(dict.fromkeys(states))
         for st in states:
-            if st in self.memo and st in self.tscore:
+            if st in self.tscore:  # ranked before: its score stands, its propagation may be kept
+                if st not in self.memo and st in self.props:
+                    props[st] = self.props[st]
                 continue
             if self.out_of_time():
                 break
@@ -252,8 +257,8 @@ class _Search:
                 self.tscore[st] = (3, st)
                 self.screened += 1
                 continue
-            if st not in self.tscore:
-                todo.append(st)
+            todo.append(st)
+            self.keep(st, props[st])
         if todo:
             try:
                 tab = self.tables.price([props[st] for st in todo])
@@ -266,6 +271,14 @@ class _Search:
             self.screened += len(todo)
         known = [st for st in states if st in self.tscore]
         return [(st, props.get(st)) for st in sorted(known, key=lambda st: self.tscore[st])]
+
+    def keep(self, state, prop) -> None:
+        """Keep the last ``KEEP_PROPAGATIONS`` propagations of ranked states: a hill-climbing
+        round meets the same neighbours again, and prices them from these."""
+        self.props[state] = prop
+        self.props.move_to_end(state)
+        while len(self.props) > KEEP_PROPAGATIONS:
+            self.props.popitem(last=False)
 
     def progress(self, final: bool = False) -> None:
         if not self._tty:
