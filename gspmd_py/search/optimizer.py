@@ -111,6 +111,7 @@ class SearchResult:
     skipped: tuple[tuple[str, int], ...] = ()  # (reason, candidates) the partitioner could not build
     stopped_by: str = ""  # "" (converged), "evaluations" (max_evaluations) or "time" (time_budget_s)
     max_evaluations: int = MAX_EVALUATIONS
+    top_decisions: tuple = ()  # per candidate of ``top``: its decisions (value id -> dims), as ``decisions``
 
 
 def bytes_text(b: float) -> str:
@@ -430,7 +431,7 @@ class _Search:
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
                             self.memory_limit, tuple(self.classes), self.screened,
                             tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
-                            self.max_evaluations)
+                            self.max_evaluations, tuple(self.decisions(c.actions) for c in top))
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,
