@@ -73,7 +73,10 @@ SCREEN = True
 SCREEN_BEAM = 3 * BEAM
 SCREEN_CLIMB = 3
 SCREEN_CHUNK = 8
-KEEP_PROPAGATIONS = 64  # ranked states' propagations kept for pricing (rank, keep)
+KEEP_PROPAGATIONS = 64  # ranked states' propagations kept for pricing (rank, keep), and exact bases
+# the pre-screen propagates a neighbour from the kept exact propagation of a state it extends
+# (Propagation.extend: only what the new seeds reach); the traced pricer propagates afresh
+INCREMENTAL = True
 MAX_EVALUATIONS = 2000  # default deterministic budget: candidate states priced or ranked
 
 Action = tuple  # (class index, dim, axis name)
@@ -152,6 +155,8 @@ class _Search:
                 self.screen = False
         self.tscore: dict = {}  # state -> the tables' score (pre-screen)
         self.props: collections.OrderedDict = collections.OrderedDict()  # state -> propagation (keep)
+        self.exact: collections.OrderedDict = collections.OrderedDict()  # state -> fresh propagation (bases)
+        self.extended = 0  # propagations extended from a base (INCREMENTAL)
         self.screened = 0  # states ranked by the tables
         self.max_evaluations = int(max_evaluations)
         self.stopped_by = ""
@@ -217,8 +222,11 @@ class _Search:
         if got is not None:
             return got
         try:
-            price, _ = self.pricer.price(self.seeds(state), prop)
+            price, prop = self.pricer.price(self.seeds(state), prop)
             key = self.pricer.last_key
+            self.exact[state] = prop
+            while len(self.exact) > KEEP_PROPAGATIONS:
+                self.exact.popitem(last=False)
         except Exception as e:  # noqa: BLE001 - any failure to build a candidate skips it
             self.skip(e)
             price, key = Price(float("inf"), 0, 0.0, 0), ("unbuildable", state)
@@ -245,12 +253,12 @@ class _Search:
         for st in states:
             if st in self.tscore:  # ranked before: its score stands, its propagation may be kept
                 if st not in self.memo and st in self.props:
-                    props[st] = self.props[st]
+                    props[st] = self.props[st]  # (kept only when exact)
                 continue
             if self.out_of_time():
                 break
             try:
-                props[st] = self.pricer.propagate(self.seeds(st))
+                props[st] = self.propagate(st)
             except Exception as e:  # noqa: BLE001 - any failure skips the candidate
                 self.skip(e)
                 self.memo[st] = ((2, st), Candidate(st, self.describe(st), Price(float("inf"), 0, 0.0, 0), False,
@@ -259,7 +267,8 @@ class _Search:
                 self.screened += 1
                 continue
             todo.append(st)
-            self.keep(st, props[st])
+            if st in self.exact:
+                self.keep(st, props[st])
         if todo:
             try:
                 tab = self.tables.price([props[st] for st in todo])
@@ -271,7 +280,34 @@ class _Search:
                 self.tscore[st] = (0, sec, nb, len(st)) if fits else (1, sec, nb, len(st))
             self.screened += len(todo)
         known = [st for st in states if st in self.tscore]
-        return [(st, props.get(st)) for st in sorted(known, key=lambda st: self.tscore[st])]
+        exact = lambda st: props.get(st) if props.get(st) is not None and self.exact.get(st) is props[st] else None
+        return [(st, exact(st)) for st in sorted(known, key=lambda st: self.tscore[st])]
+
+    def propagate(self, state):
+        """``state``'s propagation for the tables: extended from the kept exact propagation of
+        the largest state inside it (``INCREMENTAL``: only what the new seeds reach is visited),
+        else run afresh (then kept as exact). Only a fresh one is ever priced."""
+        seeds = self.seeds(state)
+        base = self.base_of(state) if INCREMENTAL else None
+        if base is None:
+            prop = self.pricer.propagate(seeds)
+            self.exact[state] = prop
+            while len(self.exact) > KEEP_PROPAGATIONS:
+                self.exact.popitem(last=False)
+            return prop
+        bprop, bseeds = self.exact[base], {(sd.value.id, sd.dims) for sd in self.seeds(base)}
+        self.extended += 1
+        return bprop.extend([sd for sd in seeds if (sd.value.id, sd.dims) not in bseeds])
+
+    def base_of(self, state):
+        """The largest kept exact state whose actions ``state`` holds (ties: the first in
+        canonical order), or None."""
+        have = set(state)
+        best = None
+        for b in self.exact:
+            if len(b) < len(state) and have.issuperset(b) and (best is None or (-len(b), b) < (-len(best), best)):
+                best = b
+        return best
 
     def keep(self, state, prop) -> None:
         """Keep the last ``KEEP_PROPAGATIONS`` propagations of ranked states: a hill-climbing
