@@ -20,7 +20,13 @@ without ``res.in_shardings`` / ``res.out_shardings``.
 The result depends only on the function, the arguments' shapes, the mesh, the hardware and
 the seed: the search stops after ``max_evaluations`` candidates (search/optimizer.py), and
 ``time_budget_s`` is a safety cap that ``res.report()`` mentions when it cut the search
-short. Candidates the partitioner cannot build are skipped and counted in the report.
+short. Candidates the partitioner cannot build are skipped and counted in the report. If the
+chosen plan then fails to build as a whole plan, the next of the search's best candidates that
+builds is kept (replayed from its decisions, no new search) and ``res.report()`` says which
+failed and why (``res.fallback``); none builds: a ``gp.ShardingError`` naming them.
+
+    res.constraints()     # [(value, NamedSharding)]: the intermediate annotations, for
+                          # jax.lax.with_sharding_constraint under jax.jit (res.jax_shardings())
 """
 from __future__ import annotations
 
