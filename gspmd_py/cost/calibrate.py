@@ -38,6 +38,7 @@ measurements (benchmarks/cost_validation.py does).
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,7 +66,12 @@ BASE_SIZES = (2 ** 14, 2 ** 17, 2 ** 21)  # bytes per device: Calibrator's defau
 SIZES = BASE_SIZES + (2 ** 23, 2 ** 25)
 LARGE = 2 ** 21  # probes above this many bytes run LARGE_REPEAT collectives (launch cost is noise there)
 LARGE_REPEAT = 2
-LARGE_BUDGET_S = 1.5  # seconds per round for the large probes (measure: sizes past it are dropped)
+# seconds per round for the large probes (measure: sizes past it are dropped). Measured on this
+# shared 2-core host, (2, 4) mesh of CPU devices: 8 MiB fits (a round of its 10 probes about
+# 0.7-1 s), 32 MiB would not (predicted 3-4 s a round), and is extrapolated; calibration took
+# 6.2-7.5 s against 3.6-7.9 s with the base sizes alone (interleaved); a budget of 3 s kept the
+# same sizes in 13-15 s
+LARGE_BUDGET_S = 1.5
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
 SUSTAIN = 4  # the other compute probes repeat their step this many times (unfused)
 
@@ -168,6 +174,9 @@ class Calibrator:
         self.probes.append(probe("memory", lambda a: a * 0.5 + a[::-1] * 0.25, (MEM_ELEMS,)))
         self.probes.append(probe("vector", sustained(fma16, SUSTAIN), (ELEMS,)))
         self.probes.append(probe("tanh", sustained(jnp.tanh, SUSTAIN), (ELEMS,)))
+        # collectives above LARGE bytes are made (inputs allocated, compiled) only when a round
+        # first needs them, size by size (warm_up bounds them in time)
+        self._large: dict[int, list[Callable[[], Probe]]] = {}
         for axis, p in zip(mesh.axis_names, mesh.shape):
             if p == 1:
                 continue
@@ -175,33 +184,51 @@ class Calibrator:
                 for b in sizes:
                     n = max(p, b // 4 // p * p)  # f32 elements per device, divisible by p
                     rep = LARGE_REPEAT if 4 * n > LARGE else REPEAT
-                    self.probes.append(probe(f"{kind}:{axis}", _collective(kind, axis, p, lax, jnp, rep), (n,),
-                                             info=(axis, p, kind, 4 * n, rep)))
+                    make = functools.partial(probe, f"{kind}:{axis}", _collective(kind, axis, p, lax, jnp, rep), (n,),
+                                             info=(axis, p, kind, 4 * n, rep))
+                    if 4 * n > LARGE:
+                        self._large.setdefault(4 * n, []).append(make)
+                    else:
+                        self.probes.append(make())
+        _compile(self.probes)
 
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # XLA compiles without the GIL
-            for pr, exe in zip(self.probes, pool.map(lambda pr: pr.fn.compile(), self.probes)):
-                pr.fn = exe
+    def _make_large(self, nb: int) -> list[Probe]:
+        made = [make() for make in self._large.pop(nb)]
+        _compile(made)
+        self.probes.extend(made)
+        return made
 
     def sample(self) -> None:
+        for nb in sorted(self._large):  # not bounded by a warm-up: measured too
+            self._make_large(nb)
         for pr in self.probes:
             pr.run()
 
     def warm_up(self, large_budget_s: Optional[float] = None) -> tuple[int, ...]:
-        """One uncounted round. ``large_budget_s``: the collectives larger than ``LARGE`` run
-        size by size (smallest first) while their round's total stays within it; the sizes
-        not reached are dropped (every later round stays about as short). The sizes kept."""
-        large = sorted({pr.info[3] for pr in self.probes if pr.name.partition(":")[1] and pr.info[3] > LARGE})
-        keep, spent = set(), 0.0
-        for pr in self.probes:
-            if not (pr.name.partition(":")[1] and pr.info[3] > LARGE):
-                pr.run()
-        for nb in large:
-            if large_budget_s is not None and spent > large_budget_s:
+        """One uncounted round. ``large_budget_s``: the collectives larger than ``LARGE`` are
+        made and run size by size (smallest first); a size is kept while the rounds of the
+        kept ones stay within the budget, and the first that does not is dropped with every
+        larger one (so every later round spends at most ``large_budget_s`` on them, and this
+        one about that plus one size's round). A size whose round, predicted from the last
+        size's (in proportion to the bytes), would pass the budget is not even made. The
+        collective sizes kept, in bytes."""
+        ran = {id(pr): pr.run() for pr in self.probes}
+        colls = [pr for pr in self.probes if ":" in pr.name]
+        last = max((pr.info[3] for pr in colls), default=0)
+        spent, t_last = 0.0, sum(ran[id(pr)] for pr in colls if pr.info[3] == last)
+        for nb in sorted(self._large):
+            # a size's round takes about its bytes' share of the last one's: past the budget, it
+            # is not even made (making one allocates and compiles its probes)
+            if large_budget_s is not None and last and spent + t_last * nb / last > large_budget_s:
+                self._large.clear()
                 break
-            keep.add(nb)
-            spent += sum(pr.run() for pr in self.probes if pr.name.partition(":")[1] and pr.info[3] == nb)
-        self.probes = [pr for pr in self.probes if not (pr.name.partition(":")[1] and pr.info[3] > LARGE)
-                       or pr.info[3] in keep]
+            made = self._make_large(nb)
+            t = sum(pr.run() for pr in made)
+            if large_budget_s is not None and spent + t > large_budget_s:
+                self.probes = [pr for pr in self.probes if all(pr is not m for m in made)]
+                self._large.clear()
+                break
+            spent, last, t_last = spent + t, nb, t
         for pr in self.probes:
             pr.times.clear()
         return tuple(sorted({pr.info[3] for pr in self.probes if pr.name.partition(":")[1]}))
@@ -258,16 +285,24 @@ class Calibrator:
 def measure(mesh: Mesh, *, sizes: Sequence[int] = SIZES, reps: int = 5, name: str = "calibrated",
             large_budget_s: Optional[float] = LARGE_BUDGET_S) -> Measured:
     """Sample every probe ``reps`` times after one warm-up round; what they measured.
-    Collectives larger than ``LARGE`` (2 MiB) per device are time-bounded: the warm-up runs
-    them smallest size first and stops at the size whose round passes ``large_budget_s``
-    seconds (None: no bound); the larger sizes are not measured, and the cost model
-    extrapolates from the largest one that was. So the large probes add at most about
-    ``(reps + 1) * large_budget_s`` (plus one size's round) to a calibration."""
+    Collectives larger than ``LARGE`` (2 MiB) per device are time-bounded: the warm-up makes
+    and runs them smallest size first, and drops the size whose round would take them past
+    ``large_budget_s`` seconds (None: no bound) with every larger one: those are not measured,
+    and the cost model extrapolates from the largest one that was. So the large probes add at
+    most about ``(reps + 1) * large_budget_s`` (plus one size's round, and compiling it) to a
+    calibration."""
     cal = Calibrator(mesh, sizes)
     cal.warm_up(large_budget_s)  # warm-up round, not counted
     for _ in range(reps):
         cal.sample()
     return cal.fit(name)
+
+
+def _compile(probes: Sequence[Probe]) -> None:
+    """Compile the probes' lowered programs, in parallel (XLA compiles without the GIL)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for pr, exe in zip(probes, pool.map(lambda pr: pr.fn.compile(), probes)):
+            pr.fn = exe
 
 
 def _host_memory() -> float:

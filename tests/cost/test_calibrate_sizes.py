@@ -32,14 +32,20 @@ def test_default_sizes_reach_tens_of_mib():
 def test_large_sizes_stop_at_the_time_budget(tiny):
     sizes = (2 ** 12, 2 ** 14, 2 ** 16)
     cal = calibrate.Calibrator(tiny, sizes)
-    assert _sizes(cal) == list(sizes)
-    kept = cal.warm_up(0.0)  # the first large size runs, and passes the budget: the next is dropped
-    assert kept == (2 ** 12, 2 ** 14) and _sizes(cal) == [2 ** 12, 2 ** 14]
-    assert all(not pr.times for pr in cal.probes)  # the warm-up does not count
-    assert {pr.info[4] for pr in cal.probes if ":" in pr.name and pr.info[3] > calibrate.LARGE} == \
+    assert _sizes(cal) == [2 ** 12]  # the large ones are made when a round first needs them
+    assert cal.warm_up(0.0) == (2 ** 12,)  # no time for any large size: dropped, extrapolated
+    cal.sample()
+    assert _sizes(cal) == [2 ** 12] and all(len(pr.times) == 1 for pr in cal.probes)
+    roomy = calibrate.Calibrator(tiny, sizes)
+    assert roomy.warm_up(600.0) == sizes
+    assert all(not pr.times for pr in roomy.probes)  # the warm-up does not count
+    assert {pr.info[4] for pr in roomy.probes if ":" in pr.name and pr.info[3] > calibrate.LARGE} == \
         {calibrate.LARGE_REPEAT}
-    everything = calibrate.Calibrator(tiny, sizes)
-    assert everything.warm_up(None) == sizes
+    unbounded = calibrate.Calibrator(tiny, sizes)
+    assert unbounded.warm_up(None) == sizes
+    plain = calibrate.Calibrator(tiny, sizes)
+    plain.sample()  # no warm-up: every size measured
+    assert _sizes(plain) == list(sizes)
 
 
 def test_bounded_calibration_fits_every_axis(tiny):
