@@ -1,8 +1,8 @@
-"""The search's speed-ups keep its results: the pre-screen ranks neighbours from propagations
-extended from a kept exact one (Propagation.extend, optimizer.INCREMENTAL), every priced
-candidate is propagated afresh. Same plans, same best candidates, with and without the
-incremental pre-screen, on the reference programs; an extended propagation equals a fresh one
-where the new seeds compete with nothing the base decided."""
+"""The search's incremental pre-screen (optimizer.INCREMENTAL, off by default: it changes the
+DenseLm layer's plan by 0.6%) ranks neighbours from propagations extended from a kept exact
+one (Propagation.extend); every priced candidate is propagated afresh. Same plans, same best
+candidates, with and without it, on the reference programs; an extended propagation equals a
+fresh one where the new seeds compete with nothing the base decided."""
 import jax
 import jax.numpy as jnp
 import pytest
@@ -25,6 +25,7 @@ def _top(res):
 def test_incremental_prescreen_finds_the_same_plans(name, fn, shapes, mesh_shape, names, monkeypatch):
     mesh = gp.Mesh(mesh_shape, names)
     args = [S(s, jnp.float32) for s in shapes]
+    monkeypatch.setattr(optimizer, "INCREMENTAL", True)
     fast = gp.auto_shard(fn, mesh, *args, hardware=HW, time_budget_s=600)
     monkeypatch.setattr(optimizer, "INCREMENTAL", False)
     slow = gp.auto_shard(fn, mesh, *args, hardware=HW, time_budget_s=600)
