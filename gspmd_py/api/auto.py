@@ -20,7 +20,13 @@ without ``res.in_shardings`` / ``res.out_shardings``.
 The result depends only on the function, the arguments' shapes, the mesh, the hardware and
 the seed: the search stops after ``max_evaluations`` candidates (search/optimizer.py), and
 ``time_budget_s`` is a safety cap that ``res.report()`` mentions when it cut the search
-short. Candidates the partitioner cannot build are skipped and counted in the report.
+short. Candidates the partitioner cannot build are skipped and counted in the report. If the
+chosen plan then fails to build as a whole plan, the next of the search's best candidates that
+builds is kept (replayed from its decisions, no new search) and ``res.report()`` says which
+failed and why (``res.fallback``); none builds: a ``gp.ShardingError`` naming them.
+
+    res.constraints()     # [(value, NamedSharding)]: the intermediate annotations, for
+                          # jax.lax.with_sharding_constraint under jax.jit (res.jax_shardings())
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ class AutoResult:
     spmd: Any  # gp.Spmd running plan
     decided: Any = None  # the Decided tactic replaying the search's decisions
     hardware_text: str = ""  # which hardware priced the plans, and why that one
+    fallback: str = ""  # "": the search's best plan built; else which failed and which candidate replaced it
 
     def report(self) -> str:
         """The chosen plan beside the best candidates and every hand-written plan (predicted
@@ -71,6 +78,15 @@ class AutoResult:
         return jax_shardings(self.plan, [vid for vid, _, _ in self.decided.decisions])
 
 
+    def constraints(self) -> list:
+        """The search's intermediate annotations as ``(value, NamedSharding)`` pairs, in value
+        order: what to put in ``jax.lax.with_sharding_constraint`` after each of those values
+        (the value said by id, type and the op and source line that make it) so that
+        ``jax.jit`` with ``res.jax_shardings()``'s in/out shardings runs this plan. Empty when
+        the search annotated only inputs."""
+        return list(self.jax_shardings().constraints)
+
+
 def _spec(sharding) -> P:
     return sharding.spec
 
@@ -92,23 +108,66 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     else:
         hw, how = default_hardware(mesh, _largest_bytes(args))
         hw_text = f"hardware {hw.name}: {how}"
-    tac = auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
-               max_evaluations=max_evaluations)
-    f = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums, donate_argnums=donate_argnums,
-             tactics=[tac])
-    plan = f.plan(*args)
-    rec = plan.tactics[-1]
-    result: SearchResult = rec.result
-    decisions = tuple((vid, plan.prop.values[vid].shape, tuple(tuple(a.name if a.whole else str(a) for a in d)
-                                                                 for d in dims))
-                      for vid, dims in sorted(result.decisions.items()))
-    decided = Decided(decisions, str(tac))
-    replay = Spmd(fn, mesh, in_shardings, out_shardings, static_argnums=static_argnums,
-                  donate_argnums=donate_argnums, tactics=[decided])
+    sink: list = []
+    tac = attrs.evolve(auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
+                            max_evaluations=max_evaluations), sink=sink)
+    kw = dict(static_argnums=static_argnums, donate_argnums=donate_argnums)
+    f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[tac], **kw)
+    fallback = ""
+    try:
+        plan = f.plan(*args)
+        result: SearchResult = plan.tactics[-1].result
+    except Exception as e:  # noqa: BLE001 - the search ran: the plan it chose did not build
+        if not sink:
+            raise  # the search itself failed (said by its own error)
+        result, f, plan, fallback = _fallback(sink[-1], e, fn, mesh, in_shardings, out_shardings, args, str(tac), kw)
+    decided = Decided(_as_data(result.decisions, plan), str(tac))
+    replay = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[decided], **kw)
     replay.reuse_plans(f)  # the plan is built: the replay runs it (other signatures replay the decisions)
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
-    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text)
+    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text, fallback)
+
+
+def _as_data(decisions: dict, plan) -> tuple:
+    """The search's decisions as a ``Decided`` tactic's data: (value id, shape, axis names per dim)."""
+    return tuple((vid, plan.prop.values[vid].shape, tuple(tuple(a.name if a.whole else str(a) for a in d)
+                                                            for d in dims))
+                 for vid, dims in sorted(decisions.items()))
+
+
+def _fallback(result: SearchResult, error: BaseException, fn, mesh, in_shardings, out_shardings, args, text, kw):
+    """The search's chosen plan failed to build: the next candidates (``result.top``, best
+    first) replayed as decisions, the first that builds kept. (result, Spmd, plan, what happened)."""
+    from .api import Spmd
+    from ..errors import ShardingError
+    from ..search.tactics import Decided
+
+    def said(e: BaseException) -> str:
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+
+    failed = [f"{result.best.text} ({said(error)})"]
+    for i, (cand, dec) in enumerate(zip(result.top, result.top_decisions)):
+        if cand.actions == result.best.actions or not cand.built or not cand.fits:
+            continue
+        f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[Decided(_decided_data(dec), text)], **kw)
+        try:
+            plan = f.plan(*args)
+        except Exception as e:  # noqa: BLE001 - this candidate does not build either: the next
+            failed.append(f"{cand.text} ({said(e)})")
+            continue
+        note = (f"the search's best plan failed to build ({failed[0]}); fell back to candidate {i + 1}"
+                + (f" after {len(failed) - 1} more failed: " + "; ".join(failed[1:]) if len(failed) > 1 else ""))
+        return attrs.evolve(result, best=cand, decisions=dec), f, plan, note
+    raise ShardingError("gp.auto_shard: no candidate the search found builds as a plan: " + "; ".join(failed)) \
+        from error
+
+
+def _decided_data(decisions: dict) -> tuple:
+    """``_as_data`` before a plan exists: no shapes (None: the Decided tactic does not check
+    them; the program is the one the search traced)."""
+    return tuple((vid, None, tuple(tuple(a.name if a.whole else str(a) for a in d) for d in dims))
+                 for vid, dims in sorted(decisions.items()))
 
 
 def _largest_bytes(args) -> int:

@@ -15,7 +15,9 @@ CPU host, 8 "devices" share the host's cores):
   per element); vector FLOP/s: a fused chain of 16 multiply-adds per element; transcendental
   cost: ``tanh`` per element, in vector FLOPs;
 * per mesh axis, each collective (all-gather, reduce-scatter, all-reduce, all-to-all,
-  collective-permute) at a few sizes, 8 times in a chain (the launch is paid once); alpha
+  collective-permute) at sizes from 16 KiB to 32 MiB per device (``SIZES``), 8 times in a
+  chain (the launch is paid once; 2 times above 2 MiB), the sizes above 2 MiB bounded in
+  time (``LARGE_BUDGET_S`` per round: ``measure``); alpha
   and beta are fitted by non-negative least squares on relative error (each row divided by
   its time) to the formulas the model prices with (collectives.py):
   ``t = a_k(p) * alpha + b_k(p, n) / beta``, over all kinds
@@ -36,6 +38,7 @@ measurements (benchmarks/cost_validation.py does).
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +60,18 @@ MATMUL_FLOPS = 2 ** 28  # FLOPs per device of one matmul probe (the shape repeat
 ELEMS = 2 ** 20  # f32 elements per device for the vector / tanh probes (4 MiB)
 MEM_ELEMS = 2 ** 22  # f32 elements per device for the memory probe (16 MiB: no cache holds 8 of them)
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
+BASE_SIZES = (2 ** 14, 2 ** 17, 2 ** 21)  # bytes per device: Calibrator's default collective sizes
+# gp.Hardware.calibrate's default: the base sizes, then 8 and 32 MiB (programs move tens of MiB,
+# and a host's large transfers leave the alpha-beta line its small ones draw), time-bounded:
+SIZES = BASE_SIZES + (2 ** 23, 2 ** 25)
+LARGE = 2 ** 21  # probes above this many bytes run LARGE_REPEAT collectives (launch cost is noise there)
+LARGE_REPEAT = 2
+# seconds per round for the large probes (measure: sizes past it are dropped). Measured on this
+# shared 2-core host, (2, 4) mesh of CPU devices: 8 MiB fits (a round of its 10 probes about
+# 0.7-1 s), 32 MiB would not (predicted 3-4 s a round), and is extrapolated; calibration took
+# 6.2-7.5 s against 3.6-7.9 s with the base sizes alone (interleaved); a budget of 3 s kept the
+# same sizes in 13-15 s
+LARGE_BUDGET_S = 1.5
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
 SUSTAIN = 4  # the other compute probes repeat their step this many times (unfused)
 
@@ -102,7 +117,7 @@ class Probe:
 class Calibrator:
     """The probes of one mesh, compiled; ``sample()`` runs a round, ``fit()`` says what they measured."""
 
-    def __init__(self, mesh: Mesh, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21)):
+    def __init__(self, mesh: Mesh, sizes: Sequence[int] = BASE_SIZES):
         import jax
         import jax.numpy as jnp
         from jax import lax
@@ -159,22 +174,64 @@ class Calibrator:
         self.probes.append(probe("memory", lambda a: a * 0.5 + a[::-1] * 0.25, (MEM_ELEMS,)))
         self.probes.append(probe("vector", sustained(fma16, SUSTAIN), (ELEMS,)))
         self.probes.append(probe("tanh", sustained(jnp.tanh, SUSTAIN), (ELEMS,)))
+        # collectives above LARGE bytes are made (inputs allocated, compiled) only when a round
+        # first needs them, size by size (warm_up bounds them in time)
+        self._large: dict[int, list[Callable[[], Probe]]] = {}
         for axis, p in zip(mesh.axis_names, mesh.shape):
             if p == 1:
                 continue
             for kind in KINDS:
                 for b in sizes:
                     n = max(p, b // 4 // p * p)  # f32 elements per device, divisible by p
-                    self.probes.append(probe(f"{kind}:{axis}", _collective(kind, axis, p, lax, jnp), (n,),
-                                             info=(axis, p, kind, 4 * n)))
+                    rep = LARGE_REPEAT if 4 * n > LARGE else REPEAT
+                    make = functools.partial(probe, f"{kind}:{axis}", _collective(kind, axis, p, lax, jnp, rep), (n,),
+                                             info=(axis, p, kind, 4 * n, rep))
+                    if 4 * n > LARGE:
+                        self._large.setdefault(4 * n, []).append(make)
+                    else:
+                        self.probes.append(make())
+        _compile(self.probes)
 
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # XLA compiles without the GIL
-            for pr, exe in zip(self.probes, pool.map(lambda pr: pr.fn.compile(), self.probes)):
-                pr.fn = exe
+    def _make_large(self, nb: int) -> list[Probe]:
+        made = [make() for make in self._large.pop(nb)]
+        _compile(made)
+        self.probes.extend(made)
+        return made
 
     def sample(self) -> None:
+        for nb in sorted(self._large):  # not bounded by a warm-up: measured too
+            self._make_large(nb)
         for pr in self.probes:
             pr.run()
+
+    def warm_up(self, large_budget_s: Optional[float] = None) -> tuple[int, ...]:
+        """One uncounted round. ``large_budget_s``: the collectives larger than ``LARGE`` are
+        made and run size by size (smallest first); a size is kept while the rounds of the
+        kept ones stay within the budget, and the first that does not is dropped with every
+        larger one (so every later round spends at most ``large_budget_s`` on them, and this
+        one about that plus one size's round). A size whose round, predicted from the last
+        size's (in proportion to the bytes), would pass the budget is not even made. The
+        collective sizes kept, in bytes."""
+        ran = {id(pr): pr.run() for pr in self.probes}
+        colls = [pr for pr in self.probes if ":" in pr.name]
+        last = max((pr.info[3] for pr in colls), default=0)
+        spent, t_last = 0.0, sum(ran[id(pr)] for pr in colls if pr.info[3] == last)
+        for nb in sorted(self._large):
+            # a size's round takes about its bytes' share of the last one's: past the budget, it
+            # is not even made (making one allocates and compiles its probes)
+            if large_budget_s is not None and last and spent + t_last * nb / last > large_budget_s:
+                self._large.clear()
+                break
+            made = self._make_large(nb)
+            t = sum(pr.run() for pr in made)
+            if large_budget_s is not None and spent + t > large_budget_s:
+                self.probes = [pr for pr in self.probes if all(pr is not m for m in made)]
+                self._large.clear()
+                break
+            spent, last, t_last = spent + t, nb, t
+        for pr in self.probes:
+            pr.times.clear()
+        return tuple(sorted({pr.info[3] for pr in self.probes if pr.name.partition(":")[1]}))
 
     def fit(self, name: str = "calibrated", round: Optional[int] = None) -> Measured:
         """What the probes' medians say (or one round's times, ``round``): the fields of a
@@ -204,7 +261,7 @@ class Calibrator:
                     nb = pr.info[3]
                     rows.append((collective_time(kind, nb, [Level(p, Link(1.0, float("inf")))]),
                                  collective_time(kind, nb, [Level(p, Link(0.0, 1.0))])))
-                    ts.append(net(pr) / REPEAT)
+                    ts.append(net(pr) / pr.info[4])
                     kinds.append(kind)
             rows_a, ts_a, kinds_a = np.asarray(rows), np.asarray(ts), np.asarray(kinds)
             alpha, inv_beta = fit_alpha_beta(rows_a, ts_a)
@@ -225,16 +282,27 @@ class Calibrator:
         )
 
 
-def measure(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
-            name: str = "calibrated") -> Measured:
-    """Sample every probe ``reps`` times after one warm-up round; what they measured."""
+def measure(mesh: Mesh, *, sizes: Sequence[int] = SIZES, reps: int = 5, name: str = "calibrated",
+            large_budget_s: Optional[float] = LARGE_BUDGET_S) -> Measured:
+    """Sample every probe ``reps`` times after one warm-up round; what they measured.
+    Collectives larger than ``LARGE`` (2 MiB) per device are time-bounded: the warm-up makes
+    and runs them smallest size first, and drops the size whose round would take them past
+    ``large_budget_s`` seconds (None: no bound) with every larger one: those are not measured,
+    and the cost model extrapolates from the largest one that was. So the large probes add at
+    most about ``(reps + 1) * large_budget_s`` (plus one size's round, and compiling it) to a
+    calibration."""
     cal = Calibrator(mesh, sizes)
-    cal.sample()  # warm-up round, not counted
-    for pr in cal.probes:
-        pr.times.clear()
+    cal.warm_up(large_budget_s)  # warm-up round, not counted
     for _ in range(reps):
         cal.sample()
     return cal.fit(name)
+
+
+def _compile(probes: Sequence[Probe]) -> None:
+    """Compile the probes' lowered programs, in parallel (XLA compiles without the GIL)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for pr, exe in zip(probes, pool.map(lambda pr: pr.fn.compile(), probes)):
+            pr.fn = exe
 
 
 def _host_memory() -> float:
@@ -244,8 +312,8 @@ def _host_memory() -> float:
         return float(16 * 2 ** 30)
 
 
-def _collective(kind: str, axis: str, p: int, lax, jnp) -> Callable:
-    """REPEAT dependent collectives of ``kind`` (the program's launch is paid once)."""
+def _collective(kind: str, axis: str, p: int, lax, jnp, repeat: int = REPEAT) -> Callable:
+    """``repeat`` dependent collectives of ``kind`` (the program's launch is paid once)."""
     if kind == "all-gather":
         one = lambda a: lax.all_gather(a, axis, tiled=True)[: a.shape[0]]
     elif kind == "reduce-scatter":
@@ -258,7 +326,7 @@ def _collective(kind: str, axis: str, p: int, lax, jnp) -> Callable:
         one = lambda a: lax.ppermute(a, axis, [(i, (i + 1) % p) for i in range(p)])
 
     def body(a):
-        for _ in range(REPEAT):
+        for _ in range(repeat):
             a = one(a)
         return a
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from ..errors import HardwareError, ShardingError
 from ..mesh import Mesh
-from .calibrate import Measured, measure
+from .calibrate import LARGE_BUDGET_S, SIZES, Measured, measure
 from .collectives import collective_time
 from .topology import Level, Link, PerAxis, Switched, Topology, Torus
 
@@ -143,11 +143,15 @@ class Hardware:
         return attrs.evolve(hw, name=f"{name}/{node_size}", topology=attrs.evolve(hw.topology, node_size=node_size))
 
     @staticmethod
-    def calibrate(mesh: Mesh, *, sizes: Sequence[int] = (2 ** 14, 2 ** 17, 2 ** 21), reps: int = 5,
-                  name: str = "calibrated") -> "Hardware":
+    def calibrate(mesh: Mesh, *, sizes: Sequence[int] = SIZES, reps: int = 5, name: str = "calibrated",
+                  large_budget_s: Optional[float] = LARGE_BUDGET_S) -> "Hardware":
         """Measure this machine over ``mesh`` (see calibrate.py): matmul and vector rates,
-        memory bandwidth, and per mesh axis alpha and beta fitted by least squares."""
-        return Hardware.from_measured(measure(mesh, sizes=sizes, reps=reps, name=name))
+        memory bandwidth, and per mesh axis alpha and beta fitted by least squares.
+        Collectives are measured at ``sizes`` bytes per device (default 16 KiB to 32 MiB);
+        those above 2 MiB within ``large_budget_s`` seconds per round (1.5 s: on a slow
+        host the largest sizes are dropped and extrapolated; None: measure them all)."""
+        return Hardware.from_measured(measure(mesh, sizes=sizes, reps=reps, name=name,
+                                              large_budget_s=large_budget_s))
 
     @staticmethod
     def from_measured(m: Measured) -> "Hardware":

@@ -12,7 +12,8 @@
   version and the largest collective size measured. Collectives are measured up to the
   size the program moves (``largest_bytes``, at most ``MAX_COLLECTIVE_BYTES``): the cost
   model extrapolates past the largest size it measured, and large transfers are where a
-  host's links leave their alpha-beta line.
+  host's links leave their alpha-beta line. Sizes above 2 MiB are time-bounded
+  (calibrate.LARGE_BUDGET_S per round): a slow host measures fewer of them.
 
 ``CALIBRATION`` holds the calibration's settings (tests shrink them).
 """

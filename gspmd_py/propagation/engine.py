@@ -33,7 +33,7 @@ from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
 from . import axes as ax
-from .projection import INF, Projection, TensorState, project_cached, record
+from .projection import INF, Projection, TensorState, project_cached, record_key
 
 
 @attrs.frozen
@@ -85,9 +85,12 @@ class Propagation:
                 lst = self._near.setdefault(v.id, [])
                 if not lst or lst[-1] != i:
                     lst.append(i)
-        self._dirty = [True] * len(self.ops)
+        # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
+        # are all open has nothing to offer, so a fresh run starts with every op clean
+        self._dirty = [False] * len(self.ops)
         self._ts: dict[int, TensorState] = {}  # value id -> its TensorState while unchanged
-        self._forward_done = [False] * len(self.ops)
+        self._forward_done = [True] * len(self.ops)
+        self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
     def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
         """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
@@ -100,22 +103,45 @@ class Propagation:
         fresh._near = self._near
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
         fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
-        fresh._dirty = [True] * len(self.ops)
-        fresh._forward_done = [False] * len(self.ops)
+        fresh._dirty = [False] * len(self.ops)
+        fresh._forward_done = [True] * len(self.ops)
+        fresh._touched = None
         return fresh
+
+    def extend(self, seeds: Sequence[Seed]) -> "Propagation":
+        """This finished propagation with ``seeds`` more, propagated from where it ended: only
+        the ops the new seeds reach are visited again, and only theirs re-recorded. Not always
+        what a fresh run from all the seeds gives (a fresh run lets the new seeds claim dims at
+        a lower op level than the ones this run already filled), so it is for ranking (the
+        search's pre-screen), never for the plan or a kept price."""
+        ext = Propagation.__new__(Propagation)
+        ext.graph, ext.mesh, ext.seeds = self.graph, self.mesh, self.seeds + list(seeds)
+        ext.values, ext.ops, ext.rules = self.values, self.ops, self.rules
+        ext.tensors, ext.op_by_id, ext._near = self.tensors, self.op_by_id, self._near
+        ext.state = {vid: list(st) for vid, st in self.state.items()}
+        ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
+        ext._dirty = [False] * len(self.ops)
+        ext._forward_done = [True] * len(self.ops)
+        ext._touched = set()
+        ext._propagate(seeds)
+        ext._record(sorted({i for vid in ext._touched for i in self._near.get(vid, ())}))
+        return ext
 
     # -- driver -------------------------------------------------------------
     def run(self) -> "Propagation":
-        for p in sorted({s.priority for s in self.seeds} | {0}):
-            for s in self.seeds:
+        self._propagate(self.seeds)
+        self._record()
+        return self
+
+    def _propagate(self, seeds: Sequence[Seed]) -> None:
+        for p in sorted({s.priority for s in seeds} | {0}):
+            for s in seeds:
                 if s.priority == p:
                     self._seed(s)
             level = 0
             while level <= BROADCAST:
                 changed = self._fixed_point(level)
                 level = 0 if (changed and level > 0) else level + 1
-        self._record()
-        return self
 
     def _seed(self, s: Seed) -> None:
         st = self.state[s.value.id]
@@ -128,6 +154,8 @@ class Propagation:
 
     def _touch(self, vid: int) -> None:
         self._ts.pop(vid, None)
+        if self._touched is not None:
+            self._touched.add(vid)
         for i in self._near.get(vid, ()):
             self._dirty[i] = True
             self._forward_done[i] = False
@@ -221,9 +249,19 @@ class Propagation:
                     changed.append(v.id)
         return changed
 
-    def _record(self) -> None:
-        for op in self.ops:
-            self.projections[op.id] = record(self.mesh, self.rules[op.id], self.tensor_states(op))
+    def _record(self, which: Optional[Sequence[int]] = None) -> None:
+        """Record the projection of every op (``which``: of the ops at these indices only)."""
+        keys: dict[int, tuple] = {}  # value id -> (axes, priorities, size)
+        state, values = self.state, self.values
+        for op in (self.ops if which is None else [self.ops[i] for i in which]):
+            key = []
+            for v in self.tensors[op.id]:
+                k = keys.get(v.id)
+                if k is None:
+                    st = state[v.id]
+                    k = keys[v.id] = (tuple(s.axes for s in st), tuple(s.prio for s in st), values[v.id].size)
+                key.append(k)
+            self.projections[op.id] = record_key(self.mesh, self.rules[op.id], tuple(key))
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:

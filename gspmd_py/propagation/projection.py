@@ -283,7 +283,15 @@ def tensor_dims(mesh: Mesh, rule: OpRule, fa: FactorAxes, dims_list) -> tuple[tu
 
 def record(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState]) -> Projection:
     """The projection the partitioner executes for one op (decide mode)."""
-    final, _, dims = project_cached(mesh, rule, tensors, decide=True)  # memoised: a repeated layer is a lookup
+    return record_key(mesh, rule, tuple((st.axes, st.prios, st.size) for st in tensors))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def record_key(mesh: Mesh, rule: OpRule, key: tuple) -> Projection:
+    """``record`` from the tensors' (axes, priorities, size) per tensor, memoised: a repeated
+    layer, and every op of a candidate that a priced one already met, is one lookup (the
+    Projection is frozen and shared; nothing writes its ``factors``)."""
+    final, _, dims = _project_cached(mesh, rule, key, True)
     n = len(rule.operands)
     factors = dict(final)
     return Projection(factors, dims[:n], dims[n:], partial_result(rule, factors))

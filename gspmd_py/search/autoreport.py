@@ -2,7 +2,8 @@
 
 * how the search went: the hardware and why that one, candidates and programs priced, the
   budget that stopped it (a time cap makes the result machine-dependent: said), candidates
-  skipped because the partitioner could not build them (how many, why);
+  skipped because the partitioner could not build them (how many, why), and whether the
+  chosen plan is a fallback (the search's best failed to build as a plan: which, why);
 * one table: the chosen plan (built), the best other candidates, and every hand-written plan
   that applies (replicated, data parallel, FSDP, Megatron, data parallel + Megatron, 2D,
   sequence parallel, expert, spatial), each with predicted step, peak memory (and whether it is
@@ -51,6 +52,8 @@ def header(res) -> list[str]:
                      f"this result depends on the machine's speed; raise time_budget_s for a reproducible one")
     elif s.stopped_by == "evaluations":
         lines.append(f"search stopped at max_evaluations={s.max_evaluations} candidates (deterministic budget)")
+    if res.fallback:
+        lines.append(res.fallback)
     if s.skipped:
         n = sum(k for _, k in s.skipped)
         lines.append(f"skipped {n} candidate{'s' if n != 1 else ''} the partitioner could not build: "

@@ -53,6 +53,7 @@ class TacticContext:
     who: dict = attrs.Factory(dict)  # value id -> [tactic text]
     used_axes: list = attrs.Factory(list)  # mesh axis names earlier tactics named
     log: list = attrs.Factory(list)
+    hardware: object = None  # the gp.Hardware the last auto tactic priced on (tactics.auto_hardware)
     _fixed: set = attrs.field(init=False, factory=set)
     _values: dict = attrs.field(init=False, factory=dict)
 

@@ -203,6 +203,9 @@ class Auto:
     time_budget_s: float = 30.0
     seed: int = 0
     max_evaluations: Optional[int] = None  # None: the search's default (optimizer.MAX_EVALUATIONS)
+    # gp.auto_shard's: a list the search's result is appended to, so that a plan that fails to
+    # build after the search can fall back to the next candidate without searching again
+    sink: Optional[list] = attrs.field(default=None, eq=False, repr=False)
 
     def __str__(self) -> str:
         return "auto(" + ", ".join(repr(a) for a in self.axes_) + ")"
@@ -225,8 +228,11 @@ class Auto:
         from .optimizer import MAX_EVALUATIONS
 
         evals = MAX_EVALUATIONS if self.max_evaluations is None else self.max_evaluations
-        result = search(ctx, names, hardware=self.hardware, memory_limit=self.memory_limit,
+        ctx.hardware = auto_hardware(self, ctx)
+        result = search(ctx, names, hardware=ctx.hardware, memory_limit=self.memory_limit,
                         time_budget_s=self.time_budget_s, seed=self.seed, who=str(self), max_evaluations=evals)
+        if self.sink is not None:
+            self.sink.append(result)
         for vid, dims in result.decisions.items():
             v = ctx.value(vid)
             for d, axes in enumerate(dims):
@@ -235,12 +241,24 @@ class Auto:
         _record(ctx, str(self), before, result)
 
 
+def auto_hardware(tactic: "Auto", ctx: TacticContext):
+    """The hardware an auto tactic prices on: its ``hardware=``, else the mesh's devices'
+    (cost/machine.py: a GPU's / TPU's preset, CPU devices calibrated once and cached on disk,
+    an abstract mesh h100-node), as ``gp.auto_shard`` chooses it."""
+    if tactic.hardware is not None:
+        return tactic.hardware
+    from ..cost.machine import default_hardware
+
+    largest = max((v.nbytes for v in ctx.graph.inputs), default=0)
+    return default_hardware(ctx.mesh, largest)[0]
+
+
 @attrs.frozen
 class Decided:
     """Decisions replayed by value id (``AutoResult.spmd``): the same program traced again has
     the same value ids; a decision whose value is missing or has another shape is skipped."""
 
-    decisions: tuple  # ((value id, shape, dims as axis-name tuples), ...)
+    decisions: tuple  # ((value id, shape (None: not checked), dims as axis-name tuples), ...)
     text: str = "auto"
 
     def __str__(self) -> str:
@@ -255,7 +273,7 @@ class Decided:
         vals = {v.id: v for v in ctx.graph.all_values()}
         for vid, shape, dims in self.decisions:
             v = vals.get(vid)
-            if v is None or v.shape != tuple(shape):
+            if v is None or (shape is not None and v.shape != tuple(shape)):
                 continue
             for d, axes in enumerate(dims):
                 for n in axes:
@@ -297,7 +315,9 @@ def zero(axis: str, argnums=(0,)) -> Zero:
 def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30, seed: int = 0,
          max_evaluations: Optional[int] = None) -> Auto:
     """Search the shardings over ``axes`` (default: every axis no earlier tactic named); see
-    gspmd_py/search/optimizer.py. ``hardware=None``: ``gp.Hardware.preset("h100-node")``.
+    gspmd_py/search/optimizer.py. ``hardware=None``: the mesh's devices' hardware, as
+    ``gp.auto_shard`` chooses it (cost/machine.py: a GPU's / TPU's preset, CPU devices
+    calibrated once and cached on disk, an abstract mesh the h100-node preset).
     ``max_evaluations``: the deterministic budget (candidate states); ``time_budget_s`` a
     safety cap (a search that hits it depends on the machine's speed, and its report says so)."""
     from ..cost import Hardware
@@ -338,18 +358,14 @@ _CONSTRUCTORS = ("batch", "rules", "zero", "auto")
 
 def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> TacticContext:
     """Run ``tactics`` in order over ``ctx``; each record gets the predicted step after it
-    (priced on ``hardware``, default the last auto tactic's, else h100-node)."""
+    (priced on the last auto tactic's hardware (``auto_hardware``), else ``hardware``, else h100-node)."""
     from ..cost import Hardware
     from .price import Pricer
 
     for t in tactics:
         t.apply(ctx)
         ctx.used_axes.extend(a for a in t.axes if a not in ctx.used_axes)
-    hw = hardware
-    for t in tactics:
-        if isinstance(t, Auto) and t.hardware is not None:
-            hw = t.hardware
-    hw = hw or Hardware.preset("h100-node")
+    hw = ctx.hardware or hardware or Hardware.preset("h100-node")  # ctx.hardware: the last auto tactic's
     pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate)
     full, upto = ctx.decided, {}
     try:

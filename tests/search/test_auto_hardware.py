@@ -102,3 +102,19 @@ def test_abstract_mesh_and_given_hardware_are_said(fake_calibration):
     res = gp.auto_shard(mlp, gp.Mesh((2, 4), ("x", "y")), *ARGS, hardware=hw, max_evaluations=10)
     assert "hardware tpu-v3 (given)" in res.report()
     assert not calls
+
+
+def test_tactics_auto_without_hardware_plans_for_the_mesh_devices(fake_calibration):
+    """gp.tactics.auto with no hardware= prices on what gp.auto_shard would (the mesh's
+    devices: here CPU devices, calibrated once and cached), not on the h100-node preset."""
+    calls = fake_calibration
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    plan = gp.spmd(mlp, mesh, tactics=[gp.tactics.auto(max_evaluations=10)]).plan(*ARGS)
+    assert plan.tactics[-1].result.hardware == "fake-calibrated"
+    assert len(calls) == 1  # the search and the per-tactic steps share one calibration
+    same = gp.auto_shard(mlp, mesh, *ARGS, max_evaluations=10)
+    assert len(calls) == 1 and same.search.hardware == "fake-calibrated"  # from the disk cache
+    assert plan.in_shardings == same.plan.in_shardings
+    plan = gp.spmd(mlp, gp.Mesh.abstract((2, 4), ("x", "y")),
+                   tactics=[gp.tactics.auto(max_evaluations=10)]).plan(*ARGS)
+    assert plan.tactics[-1].result.hardware == "h100-node" and len(calls) == 1
