@@ -95,8 +95,10 @@ def assert_same(got, want, *, rtol=1e-5, atol=1e-5, what="output"):
         g = np.asarray(g)
         assert g.shape == w.shape, f"{what}[{i}]: shape {g.shape} != {w.shape}"
         assert g.dtype == w.dtype, f"{what}[{i}]: dtype {g.dtype} != {w.dtype}"
-        if np.issubdtype(w.dtype, np.inexact):
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{what}[{i}]")
+        if gp.dtypes.is_inexact(w.dtype):  # bfloat16 / float8 too (NumPy does not call them inexact)
+            np.testing.assert_allclose(g.astype(np.float64) if gp.dtypes.is_float(w.dtype) else g,
+                                       w.astype(np.float64) if gp.dtypes.is_float(w.dtype) else w,
+                                       rtol=rtol, atol=atol, err_msg=f"{what}[{i}]")
         else:
             np.testing.assert_array_equal(g, w, err_msg=f"{what}[{i}]")
 
