@@ -14,7 +14,7 @@ What changed, by release (the functions below read every form):
 - DCE rules are called ``rule(used_outputs, eqn)`` (<= 0.10) or
   ``rule(used_outputs, live_inputs, eqn)`` (0.12): ``register_dce``.
 - ``ClosedJaxpr`` and ``Jaxpr`` are one class in 0.12 (a jaxpr carries its consts):
-  ``close``, ``detach_consts``, ``dce_closed``.
+  ``detach_consts``, ``dce_closed``.
 - "hijax" primitives (0.11: ``call_hi_primitive`` from ``jnp.searchsorted``; under
   ``jax_remat3`` / ``jax_custom_vjp3``: ``jax.checkpoint`` and ``custom_vjp``) carry their own
   expansion into ordinary primitives (``to_lojax``): ``is_high`` / ``expand_high`` expand any
@@ -34,8 +34,6 @@ from jax._src import source_info_util
 from jax._src.interpreters import ad, batching, mlir  # noqa: F401
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import ClosedJaxpr, Jaxpr
-
-JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
 
 # Jaxpr and ClosedJaxpr one class (0.12): a jaxpr holds its consts
 MERGED_JAXPR: bool = ClosedJaxpr is Jaxpr
@@ -100,13 +98,6 @@ def scan_counts(params: dict) -> tuple[int, int]:
 
 
 # -- jaxprs ------------------------------------------------------------------------------------
-def close(jaxpr, consts: Sequence[Any] = ()) -> ClosedJaxpr:
-    """A closed jaxpr of an open ``jaxpr`` (its constvars bound to ``consts``)."""
-    if MERGED_JAXPR:
-        return jaxpr.with_consts(list(consts)) if consts or jaxpr.consts else jaxpr
-    return ClosedJaxpr(jaxpr, list(consts))
-
-
 def open_jaxpr(j) -> tuple[Any, list]:
     """(jaxpr, consts) of a Jaxpr or ClosedJaxpr, as an open jaxpr and the values of its constvars."""
     if hasattr(j, "jaxpr") and hasattr(j, "consts"):
