@@ -272,14 +272,12 @@ class CostTables:
     # -- terms ------------------------------------------------------------------------
     def _op_cost(self, op: Op, rule, factors: dict, proj) -> tuple:
         hw = self.hw
-        total = 1.0
-        for f in rule.factors:
-            total *= f.size
-        shards = 1
-        for axes in factors.values():
-            for a in axes:
-                shards *= a.size
-        work = total / shards
+        work = 1.0  # per device: each factor padded to a multiple of its shards (an uneven split)
+        for i, f in enumerate(rule.factors):
+            k = 1
+            for a in factors.get(i, ()):
+                k *= a.size
+            work *= -(-f.size // k)
         nb = 0
         for v, dims in zip(op.inputs, proj.operand_dims):
             nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
