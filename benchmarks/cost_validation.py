@@ -151,7 +151,11 @@ def _hw_line(hw) -> str:
     links = ", ".join(f"{a}: alpha {lk.alpha * 1e6:.0f} us, beta {lk.beta / 1e9:.2f} GB/s" for a, lk in hw.topology.links)
     return (f"matmul {hw.peak('float32') / 1e9:.2f} GFLOP/s, vector {hw.vector_flops / 1e9:.2f} GFLOP/s, "
             f"memory {hw.mem_bandwidth / 1e9:.2f} GB/s, tanh = {hw.transcendental_flops:.0f} FLOPs, conv at {100 * hw.conv_efficiency:.0f}%, "
-            f"kernel {hw.op_overhead * 1e6:.0f} us, step {hw.step_overhead * 1e6:.0f} us; {links}")
+            f"kernel {hw.op_overhead * 1e6:.0f} us, step {hw.step_overhead * 1e6:.0f} us; {links}"
+            + (f"; matmul classes {', '.join(f'<={b:.3g} FLOPs {100 * e:.0f}%' for b, e in hw.matmul_classes)}"
+               if hw.matmul_classes else "")
+            + (f"; convs {', '.join(f'{c} {100 * e:.0f}%' for c, e in hw.conv_classes)}" if hw.conv_classes else "")
+            + (f"; reductions {hw.reduce_bandwidth / 1e9:.2f} GB/s" if hw.reduce_bandwidth else ""))
 
 
 def _plot(path: str, rows, rho: float, med: float) -> None:
