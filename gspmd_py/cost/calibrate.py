@@ -154,7 +154,8 @@ class Calibrator:
         def probe(name, body, *local_shapes, info=(), fill=(0.5, 0.5)):
             fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=(every,) * len(local_shapes), out_specs=every,
                                        check_vma=False))
-            args = tuple(jax.device_put(jnp.full((d * s[0],) + tuple(s[1:]), v, jnp.float32),
+            # filled by NumPy: jnp.full would compile a program per shape (a third of the probes' setup)
+            args = tuple(jax.device_put(np.full((d * s[0],) + tuple(s[1:]), v, np.float32),
                                         NamedSharding(jm, every)) for s, v in zip(local_shapes, fill))
             return Probe(name, fn.lower(*args), args, info)  # compiled below, in parallel
 
