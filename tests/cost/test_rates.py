@@ -13,6 +13,7 @@ from jax import lax
 import gspmd_py as gp
 from gspmd_py import compiler
 from gspmd_py.cost import calibrate, machine
+from gspmd_py.cost.hardware import PRESETS
 from gspmd_py.cost.rates import CONV_CLASSES, compute_seconds, conv_class
 from gspmd_py.propagation import Seed
 from gspmd_py.search.price import Pricer
@@ -118,8 +119,7 @@ def test_calibration_measures_every_class(monkeypatch):
     assert hw.reduce_bandwidth > 0 and hw.mem_bandwidth > 0
 
 
-@pytest.mark.parametrize("name", sorted(gp.cost.PRESETS) if hasattr(gp.cost, "PRESETS") else
-                         ["tpu-v3", "tpu-v4", "a100-node", "h100-node"])
+@pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_have_per_class_defaults(name):
     hw = gp.Hardware.preset(name)
     convs_ = dict(hw.conv_classes)

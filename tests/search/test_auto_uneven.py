@@ -54,7 +54,8 @@ def _replays(res, fn, mesh, args):
     return f
 
 
-@pytest.mark.parametrize("mesh_shape,names", [((8,), ("m",)), ((2, 4), ("x", "y"))])
+@pytest.mark.parametrize("mesh_shape,names", [((8,), ("m",)), ((2, 4), ("x", "y")), ((4, 2), ("x", "y")),
+                                              ((2, 2, 2), ("x", "y", "z"))])
 def test_only_good_plan_is_uneven_mlp(mesh_shape, names):
     """d_ff = 1001, d = 100, batch 12: no dim divides 8 (nor 4 the d_ff). Before, the search could
     only replicate (4.8 ms predicted); an uneven Megatron split of d_ff is 7x faster."""
@@ -132,3 +133,19 @@ def test_tables_price_the_padded_shard():
     assert tables.table[idx[dot[0]]][0] == pytest.approx(padded, rel=1e-9)
     plan = gp.spmd(fn, mesh, in_shardings=(None, gp.P(None, "m"))).plan(*args)
     assert plan.cost(hw).flops == 2 * 12 * 100 * 126
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_uneven_plan_in_half_precision(dtype):
+    """The same uneven MLP in bf16 / f16: split unevenly, and the padded rows add nothing."""
+    from partition_util import assert_same
+
+    mesh = gp.Mesh((8,), ("m",))
+    shapes = [(12, 100), (100, 1001), (1001, 100)]
+    rng = np.random.default_rng(2)
+    args = [jnp.asarray(rng.standard_normal(s) / np.sqrt(s[0]), dtype) for s in shapes]
+    res = _search(mlp, mesh, [S(s, dtype) for s in shapes])
+    assert _uneven_split(shapes, res.in_shardings, mesh), res.in_shardings
+    got = _replays(res, mlp, mesh, [S(s, dtype) for s in shapes])(*args)
+    assert got.dtype == dtype
+    assert_same(got, mlp(*args), rtol=2e-2, atol=2e-2)
