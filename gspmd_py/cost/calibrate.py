@@ -65,9 +65,10 @@ MATMUL_FLOPS = 2 ** 28  # FLOPs per device of one matmul probe (the shape repeat
 # per-shape-class rates (rates.py). Matmul classes by FLOPs per product: (class bound, probe
 # (batch, m, k, n), the probe's FLOPs): the shapes above are the "large" class (the peak)
 MATMUL_CLASSES = ((2 ** 20, (1, 64, 64, 64), 2 ** 24), (2 ** 23, (1, 128, 128, 256), 2 ** 26))
-# conv classes (rates.conv_class): one 3x3 SAME conv, NHWC, C in = C out, per class: (H = W, C)
-CONV_PROBES = (("small-c/small-hw", 16, 16), ("small-c/large-hw", 64, 16), ("large-c/small-hw", 16, 64),
-               ("large-c/large-hw", 32, 64))
+# conv classes (rates.conv_class): one 3x3 SAME conv, NHWC, C in = C out, per class: (H = W, C), each at
+# the low end of its class (16 of 1-31 channels, 32 of 32 and more; 16 x 16 or 32 x 32 pixels)
+CONV_PROBES = (("small-c/small-hw", 16, 16), ("small-c/large-hw", 64, 16), ("large-c/small-hw", 16, 32),
+               ("large-c/large-hw", 32, 32))
 CONV_FLOPS = 2 ** 25  # about this many FLOPs per device per conv probe step (the batch chosen so)
 CONV_SUSTAIN = 2  # steps per conv probe
 # a class's measured rate as a fraction of the matmul rate (the harmonic mean over shapes) is
