@@ -20,7 +20,9 @@
 
 Every split prefers dims the shards divide evenly; where none does (a vocab of 50257, 12
 heads, a batch of 12 on 8 devices) the plan splits its natural dim unevenly (padded:
-``splits``, context.fair_split), and the search's pricing sees the padded shards.
+``splits``, context.fair_split), and the search's pricing sees the padded shards. Where that
+changes Megatron, the even-only Megatron plans (and their DP / sequence / 2D combinations)
+are start states too, named "... (even splits)": pricing decides.
 
 Data inputs are those whose leading dim is the batch (the leading dim most data bytes
 share). Weights are inputs met, possibly through a cast (``w.astype(bf16)``), a transpose (a tied
@@ -38,13 +40,13 @@ from .context import TacticContext, fair_split
 from .points import PointClass
 
 
-def splits(shape, dims, k: int) -> list[int]:
-    """Of ``dims``, those that ``k`` shards divide evenly; when none does, those it splits
-    unevenly but fairly (padded: context.fair_split), so that a vocab of 50257 or a batch of
-    12 on 8 devices still gets the hand plan's natural split."""
+def splits(shape, dims, k: int, uneven: bool = True) -> list[int]:
+    """Of ``dims``, those that ``k`` shards divide evenly; when none does (and ``uneven``),
+    those it splits unevenly but fairly (padded: context.fair_split), so that a vocab of 50257
+    or a batch of 12 on 8 devices still gets the hand plan's natural split."""
     dims = list(dims)
     even = [d for d in dims if fair_split(shape[d], k)]
-    return even or [d for d in dims if fair_split(shape[d], k, even=False)]
+    return even or ([d for d in dims if fair_split(shape[d], k, even=False)] if uneven else [])
 
 
 CASTS = frozenset(("convert_element_type", "copy", "copy_p", "reduce_precision"))
@@ -162,7 +164,7 @@ def _even_axes(ctx, data, axes) -> tuple:
     return tuple(out)
 
 
-def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
+def _megatron(ctx, classes, cls_of, weights, axis, uneven: bool = True) -> tuple:
     wset = set(weights)
     decided: dict[int, tuple] = {}  # class -> action
     tainted: set[int] = set()
@@ -179,11 +181,11 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
             wc, wb = (rc, rb) if i == 1 else (lc, lb)
             if c not in decided:
                 if act.id in tainted:  # row parallel: split the contracting dim
-                    dims = splits(w.shape, wc, k)
+                    dims = splits(w.shape, wc, k, uneven)
                     if dims:
                         decided[c] = (c, dmap[dims[0]], axis)
                     continue  # the result is a partial sum: reduced, not split
-                dims = splits(w.shape, [d for d in range(w.rank) if d not in wc and d not in wb], k)
+                dims = splits(w.shape, [d for d in range(w.rank) if d not in wc and d not in wb], k, uneven)
                 if dims:
                     decided[c] = (c, dmap[dims[0]], axis)
                     tainted.update(o.id for o in op.outputs)
@@ -301,18 +303,25 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
             fs = _fsdp(ctx, classes, cls_of, weights, [], axes[-1:])
             out.append((f"data parallel ({','.join(axes[:-1])}) + FSDP ({axes[-1]})",
                         _data_parallel(ctx, classes, cls_of, data, axes) + fs))
+    megs = []
     if weights:
-        meg = _megatron(ctx, classes, cls_of, weights, axes[-1])
+        megs.append(("", _megatron(ctx, classes, cls_of, weights, axes[-1])))
+        even = _megatron(ctx, classes, cls_of, weights, axes[-1], uneven=False)
+        if even != megs[0][1]:  # an uneven split where the even-only plan differs: both (pricing decides)
+            megs.append((" (even splits)", even))
+    for tag, meg in megs:
         if meg:
-            out.append((f"Megatron ({axes[-1]})", meg))
+            out.append((f"Megatron ({axes[-1]}){tag}", meg))
             if len(axes) > 1 and data:
                 dp = _data_parallel(ctx, classes, cls_of, data, axes[:-1])
-                out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]})", dp + meg))
+                out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]}){tag}", dp + meg))
                 seq = _sequence(ctx, classes, cls_of, data, axes)
                 if any(d == 1 for _, d, _ in seq):
-                    out.append((f"Megatron + sequence parallel ({axes[-1]})", seq + meg))
+                    out.append((f"Megatron + sequence parallel ({axes[-1]}){tag}", seq + meg))
             if len(axes) > 1:
-                out.append((f"2D ({axes[0]},{axes[-1]})", _two_d(ctx, classes, cls_of, data, meg, axes[0], axes[-1])))
+                out.append((f"2D ({axes[0]},{axes[-1]}){tag}",
+                            _two_d(ctx, classes, cls_of, data, meg, axes[0], axes[-1])))
+    if weights:
         ex = _expert(ctx, classes, cls_of, weights, data, axes[-1])
         if ex:
             dp = _data_parallel(ctx, classes, cls_of, data, axes[-1:])

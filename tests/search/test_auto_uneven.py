@@ -149,3 +149,14 @@ def test_uneven_plan_in_half_precision(dtype):
     got = _replays(res, mlp, mesh, [S(s, dtype) for s in shapes])(*args)
     assert got.dtype == dtype
     assert_same(got, mlp(*args), rtol=2e-2, atol=2e-2)
+
+
+def test_megatron_offered_with_and_without_uneven_splits():
+    """Where the natural Megatron split is uneven (d_ff 1001 on 8) and an even-only Megatron
+    exists (the next weight's 96 columns), both are start states: pricing decides."""
+    mesh = gp.Mesh.abstract((8,), ("m",))
+    res = _search(mlp, mesh, [S((12, 100), f32), S((100, 1001), f32), S((1001, 96), f32)])
+    base = dict(res.search.baselines)
+    assert base["Megatron (m)"].text == "arg1 dim 1 on m; arg2 dim 0 on m", base["Megatron (m)"].text
+    assert base["Megatron (m) (even splits)"].text == "arg2 dim 1 on m", base.keys()
+    assert res.cost.step_s <= min(c.price.step_s for c in base.values())
