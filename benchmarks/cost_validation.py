@@ -27,6 +27,7 @@ import warnings
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import attrs  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -110,7 +111,10 @@ def measure(rounds: int, png=None) -> dict:
     # each round's step times are paired with the hardware fitted from that round's probes
     # (taken seconds apart, under the same load); a config's prediction is its median
     hws = [gp.Hardware.from_measured(cal.fit("this host", round=r)) for r in range(rounds)]
-    meas, pred, rows = [], [], []
+    # the same rounds priced without the per-shape-class rates (one matmul rate, one conv
+    # efficiency: that of the few-channel, large-image class, the one probe calibration had)
+    flat = [attrs.evolve(h, matmul_classes=(), conv_classes=(), reduce_bandwidth=0.0) for h in hws]
+    meas, pred, pred_flat, rows = [], [], [], []
     for cfg, plan, exe, placed, times in runs:
         c = plan.cost(hw)
         preds = [plan.cost(h).step_s for h in hws]
@@ -118,6 +122,7 @@ def measure(rounds: int, png=None) -> dict:
         p = float(np.median(preds))
         meas.append(m)
         pred.append(p)
+        pred_flat.append(float(np.median([plan.cost(h).step_s for h in flat])))
         rows.append((cfg.name, m, p, c.compute_s, c.comm_s, len(plan.collectives),
                      float(np.percentile(times, 25)), float(np.percentile(times, 75)), c.flops / _xla_flops(exe)))
     meas, pred = np.asarray(meas), np.asarray(pred)
@@ -125,19 +130,24 @@ def measure(rounds: int, png=None) -> dict:
     rho = spearman(pred, meas)
     lines = [f"hardware fitted from the probes: {_hw_line(hw)}",
              f"{'config':40s} {'measured ms (IQR)':>22s} {'predicted':>10s} {'compute':>8s} {'comm':>7s} "
-             f"{'colls':>5s} {'pred/meas':>9s} {'FLOPs/XLA':>9s}"]
-    for (name, m, p, cs, cm, nc, q1, q3, fx), e in zip(rows, pred / meas):
+             f"{'colls':>5s} {'pred/meas':>9s} {'FLOPs/XLA':>9s} {'one-rate/meas':>13s}"]
+    for (name, m, p, cs, cm, nc, q1, q3, fx), e, ef in zip(rows, pred / meas, np.asarray(pred_flat) / meas):
         lines.append(f"{name:40s} {m * 1e3:8.1f} ({q1 * 1e3:5.1f}-{q3 * 1e3:5.1f}) {p * 1e3:10.1f} {cs * 1e3:8.1f} "
-                     f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f} {fx:9.3f}")
+                     f"{cm * 1e3:7.1f} {nc:5d} {e:9.2f} {fx:9.3f} {ef:13.2f}")
     lines.append(f"Spearman rank correlation {rho:.3f} (target >= 0.8); median relative error "
                  f"{100 * float(np.median(rel)):.1f}% (target <= 30%); {len(rows)} configs, {rounds} rounds, "
                  f"{time.time() - t_start:.0f} s; load average {load0[0]:.1f} before, {load1[0]:.1f} after "
                  f"({os.cpu_count()} cores)")
+    pf = np.asarray(pred_flat)
+    lines.append(f"the same rounds priced with one matmul rate and one conv efficiency (no per-shape-class rates): "
+                 f"Spearman {spearman(pf, meas):.3f}, median relative error "
+                 f"{100 * float(np.median(np.abs(pf - meas) / meas)):.1f}%")
     text = "\n".join(lines)
     print(text)
     if png:
         _plot(png, rows, rho, float(np.median(rel)))
-    return {"spearman": rho, "median_rel_err": float(np.median(rel)), "rows": rows, "rounds": rounds, "text": text}
+    return {"spearman": rho, "median_rel_err": float(np.median(rel)), "rows": rows, "rounds": rounds, "text": text,
+            "spearman_flat": spearman(pf, meas), "median_rel_err_flat": float(np.median(np.abs(pf - meas) / meas))}
 
 
 def _xla_flops(exe) -> float:
@@ -151,7 +161,11 @@ def _hw_line(hw) -> str:
     links = ", ".join(f"{a}: alpha {lk.alpha * 1e6:.0f} us, beta {lk.beta / 1e9:.2f} GB/s" for a, lk in hw.topology.links)
     return (f"matmul {hw.peak('float32') / 1e9:.2f} GFLOP/s, vector {hw.vector_flops / 1e9:.2f} GFLOP/s, "
             f"memory {hw.mem_bandwidth / 1e9:.2f} GB/s, tanh = {hw.transcendental_flops:.0f} FLOPs, conv at {100 * hw.conv_efficiency:.0f}%, "
-            f"kernel {hw.op_overhead * 1e6:.0f} us, step {hw.step_overhead * 1e6:.0f} us; {links}")
+            f"kernel {hw.op_overhead * 1e6:.0f} us, step {hw.step_overhead * 1e6:.0f} us; {links}"
+            + (f"; matmul classes {', '.join(f'<={b:.3g} FLOPs {100 * e:.0f}%' for b, e in hw.matmul_classes)}"
+               if hw.matmul_classes else "")
+            + (f"; convs {', '.join(f'{c} {100 * e:.0f}%' for c, e in hw.conv_classes)}" if hw.conv_classes else "")
+            + (f"; reductions {hw.reduce_bandwidth / 1e9:.2f} GB/s" if hw.reduce_bandwidth else ""))
 
 
 def _plot(path: str, rows, rho: float, med: float) -> None:

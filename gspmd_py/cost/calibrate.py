@@ -9,8 +9,13 @@ CPU host, 8 "devices" share the host's cores):
 * matmul FLOP/s: the harmonic mean of the rates of f32 matmuls of four shapes that
   partitioned programs run (square, wide, a skinny data-parallel shard with 32 rows, a batch
   of small attention-head products): a host's GEMM efficiency varies 2x with shape, and one
-  rate must serve them all; a 3x3 conv's rate as a fraction of it; per-kernel overhead:
+  rate must serve them all (the "large" class); per-kernel overhead:
   a chain of 32 tiny dependent matmuls;
+* per-shape-class rates (rates.py): matmuls of the small (64^3) and medium (128 x 128 x 256)
+  classes as fractions of that rate (net of their kernels' overhead; a smaller class is
+  never faster than a larger one); one 3x3 conv per conv class (few or many channels, small or
+  large image: ``CONV_PROBES``), each as a fraction of the matmul rate; reductions' bandwidth:
+  row sums over a 16 MiB f32 array;
 * memory bandwidth: ``x * a + x[::-1] * b`` over a 16 MiB f32 vector per device (12 bytes
   per element); vector FLOP/s: a fused chain of 16 multiply-adds per element; transcendental
   cost: ``tanh`` per element, in vector FLOPs;
@@ -57,6 +62,19 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 # data-parallel shard of a batch), batched small (attention heads)
 MATMULS = ((1, 256, 512, 512), (1, 128, 512, 512), (1, 32, 512, 1024), (16, 128, 32, 128))
 MATMUL_FLOPS = 2 ** 28  # FLOPs per device of one matmul probe (the shape repeated)
+# per-shape-class rates (rates.py). Matmul classes by FLOPs per product: (class bound, probe
+# (batch, m, k, n), the probe's FLOPs): the shapes above are the "large" class (the peak)
+MATMUL_CLASSES = ((2 ** 20, (1, 64, 64, 64), 2 ** 24), (2 ** 23, (1, 128, 128, 256), 2 ** 26))
+# conv classes (rates.conv_class): one 3x3 SAME conv, NHWC, C in = C out, per class: (H = W, C), each at
+# the low end of its class (16 of 1-31 channels, 32 of 32 and more; 16 x 16 or 32 x 32 pixels)
+CONV_PROBES = (("small-c/small-hw", 16, 16), ("small-c/large-hw", 64, 16), ("large-c/small-hw", 16, 32),
+               ("large-c/large-hw", 32, 32))
+CONV_FLOPS = 2 ** 25  # about this many FLOPs per device per conv probe step (the batch chosen so)
+CONV_SUSTAIN = 2  # steps per conv probe
+# a class's measured rate as a fraction of the matmul rate (the harmonic mean over shapes) is
+# kept within [0.01, MAX_EFFICIENCY]: a conv with many channels may beat that mean (a host's
+# im2col GEMM is square and large)
+MAX_EFFICIENCY = 2.0
 ELEMS = 2 ** 20  # f32 elements per device for the vector / tanh probes (4 MiB)
 MEM_ELEMS = 2 ** 22  # f32 elements per device for the memory probe (16 MiB: no cache holds 8 of them)
 REPEAT = 8  # a collective probe runs its collective this many times in a chain
@@ -73,6 +91,7 @@ LARGE_REPEAT = 2
 # same sizes in 13-15 s
 LARGE_BUDGET_S = 1.5
 TINY = 32  # tiny dependent matmuls in the kernel-overhead probe
+REDUCE_ROW = 256  # the reduction probe sums rows of this many f32 elements
 SUSTAIN = 4  # the other compute probes repeat their step this many times (unfused)
 
 
@@ -90,6 +109,9 @@ class Measured:
     conv_efficiency: float = 1.0
     op_overhead: float = 0.0
     step_overhead: float = 0.0
+    matmul_classes: tuple[tuple[float, float], ...] = ()
+    conv_classes: tuple[tuple[str, float], ...] = ()
+    reduce_bandwidth: float = 0.0
 
 
 @attrs.define
@@ -133,7 +155,8 @@ class Calibrator:
         def probe(name, body, *local_shapes, info=(), fill=(0.5, 0.5)):
             fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=(every,) * len(local_shapes), out_specs=every,
                                        check_vma=False))
-            args = tuple(jax.device_put(jnp.full((d * s[0],) + tuple(s[1:]), v, jnp.float32),
+            # filled by NumPy: jnp.full would compile a program per shape (a third of the probes' setup)
+            args = tuple(jax.device_put(np.full((d * s[0],) + tuple(s[1:]), v, np.float32),
                                         NamedSharding(jm, every)) for s, v in zip(local_shapes, fill))
             return Probe(name, fn.lower(*args), args, info)  # compiled below, in parallel
 
@@ -166,12 +189,20 @@ class Calibrator:
             steps = max(1, MATMUL_FLOPS // (4 * b * m * k * n))
             self.probes.append(probe("matmul", sustained(matmuls(b, m, k, n), steps), (b * m, k), (b * k, n),
                                      fill=(0.5, 1.0 / k), info=(steps * 4 * b * m * k * n,)))
+        for bound, (b, m, k, n), total in MATMUL_CLASSES:
+            steps = max(1, total // (4 * b * m * k * n))
+            self.probes.append(probe("matmul-class", sustained(matmuls(b, m, k, n), steps), (b * m, k), (b * k, n),
+                                     fill=(0.5, 1.0 / k), info=(steps * 4 * b * m * k * n, 2 * steps, bound)))
         dn = ("NHWC", "HWIO", "NHWC")
         conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
-        self.probes.append(probe("conv", sustained(conv, SUSTAIN), (8, 32, 32, 16), (3, 3, 16, 16),
-                                 fill=(0.5, 1 / 144), info=(SUSTAIN * 2 * 8 * 32 * 32 * 9 * 16 * 16,)))
+        for cls, hw_, c in CONV_PROBES:
+            per_image = 2 * hw_ * hw_ * 9 * c * c
+            nimg = max(1, round(CONV_FLOPS / per_image))
+            self.probes.append(probe("conv", sustained(conv, CONV_SUSTAIN), (nimg, hw_, hw_, c), (3, 3, c, c),
+                                     fill=(0.5, 1 / (9 * c)), info=(CONV_SUSTAIN * nimg * per_image, cls)))
         self.probes.append(probe("tiny", tiny_chain, (16, 16), fill=(1 / 16,), info=(TINY * 2 * 16 ** 3,)))
         self.probes.append(probe("memory", lambda a: a * 0.5 + a[::-1] * 0.25, (MEM_ELEMS,)))
+        self.probes.append(probe("reduce", lambda a: jnp.sum(a.reshape(-1, REDUCE_ROW), axis=1), (MEM_ELEMS,)))
         self.probes.append(probe("vector", sustained(fma16, SUSTAIN), (ELEMS,)))
         self.probes.append(probe("tanh", sustained(jnp.tanh, SUSTAIN), (ELEMS,)))
         # collectives above LARGE bytes are made (inputs allocated, compiled) only when a round
@@ -244,11 +275,20 @@ class Calibrator:
         net = lambda pr: max(at(pr) - t0, 1e-7)
         # the harmonic mean of the shapes' rates (each shape's time per FLOP weighs the same)
         rate = len(med["matmul"]) / sum(net(pr) / pr.info[0] for pr in med["matmul"])
-        conv = med["conv"][0]
-        conv_eff = min(1.0, conv.info[0] / net(conv) / rate)
         tiny = med["tiny"][0]
         overhead = max(0.0, (net(tiny) - tiny.info[0] / rate) / TINY)
+        # each class's rate net of its kernels' launch overhead (the model adds that per kernel),
+        # as a fraction of the peak; smaller classes never faster than larger ones
+        eff = lambda pr, kernels: min(MAX_EFFICIENCY, max(0.01, pr.info[0] / max(net(pr) - kernels * overhead, 1e-7)
+                                                          / rate))
+        mm_classes, cap = [], 1.0
+        for pr in sorted(med.get("matmul-class", []), key=lambda pr: -pr.info[2]):
+            cap = min(cap, eff(pr, pr.info[1]))
+            mm_classes.append((float(pr.info[2]), cap))
+        conv_classes = tuple(sorted((pr.info[1], eff(pr, CONV_SUSTAIN)) for pr in med["conv"]))
+        conv_eff = dict(conv_classes).get("small-c/large-hw", 1.0)
         bandwidth = 12 * MEM_ELEMS / max(net(med["memory"][0]) - overhead, 1e-7)
+        reduce_bw = 4 * MEM_ELEMS * (1 + 1 / REDUCE_ROW) / max(net(med["reduce"][0]) - overhead, 1e-7)
         vector = SUSTAIN * 32 * ELEMS / max(net(med["vector"][0]) - SUSTAIN * overhead, 1e-7)
         trans = max(1.0, (net(med["tanh"][0]) - SUSTAIN * overhead) * vector / (SUSTAIN * ELEMS))
         links = []
@@ -279,6 +319,7 @@ class Calibrator:
             mem_bandwidth=bandwidth, mem_capacity=mem,
             topology=PerAxis(tuple(links), links[-1][1] if links else Link(0.0, 1e12)),
             transcendental_flops=trans, conv_efficiency=conv_eff, op_overhead=overhead, step_overhead=t0,
+            matmul_classes=tuple(sorted(mm_classes)), conv_classes=conv_classes, reduce_bandwidth=reduce_bw,
         )
 
 

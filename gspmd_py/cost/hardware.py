@@ -1,7 +1,8 @@
 """``gp.Hardware``: what one device computes and moves per second, and the links between devices.
 
 A Hardware is a value: peak matmul FLOP/s per dtype, a vector (non-matmul) rate, memory
-bandwidth and capacity per device, and a *topology* that turns any group of devices a
+bandwidth and capacity per device, the fractions of the peak that matmuls and convs of each
+shape class reach (rates.py), and a *topology* that turns any group of devices a
 collective runs over into link levels, each ``(p, Link)``: ``p`` devices of the group
 communicate over ``link`` (latency ``alpha`` s per message step, bandwidth ``beta`` bytes/s
 that each device moves). Collectives are priced over those levels (collectives.py).
@@ -82,12 +83,17 @@ class Hardware:
     mem_capacity: float  # bytes per device
     topology: Topology
     transcendental_flops: float = 1.0  # FLOPs charged per exp/log/tanh/... element
-    conv_efficiency: float = 1.0  # fraction of the matmul rate that convolutions reach
+    conv_efficiency: float = 1.0  # fraction of the matmul rate that convolutions reach (classes not listed below)
     op_overhead: float = 0.0  # seconds per kernel launched (each materialized result)
     step_overhead: float = 0.0  # seconds per program execution (launching it on every device)
     # one collective over a group spanning link levels: "ring" (paced by the slowest link, as
     # NCCL's ring) or "hierarchical" (the runtime runs one phase per level); module docstring
     algorithm: str = attrs.field(default="hierarchical", validator=attrs.validators.in_(("ring", "hierarchical")))
+    # per-shape-class rates (rates.py): ((max FLOPs per op, fraction of the peak), ...) ascending for
+    # dot_general; ((conv class, fraction of the peak), ...) for convs; bytes/s of reductions (0: mem_bandwidth)
+    matmul_classes: tuple[tuple[float, float], ...] = ()
+    conv_classes: tuple[tuple[str, float], ...] = ()
+    reduce_bandwidth: float = 0.0
 
     # -- rates -----------------------------------------------------------------------
     def peak(self, dtype) -> float:
@@ -177,6 +183,25 @@ def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
 
 
 # -- presets -------------------------------------------------------------------------------
+# Per-shape-class rates (rates.py) of the presets, as fractions of the peak. Estimates, from:
+# TPUs: the MXU is a 128 x 128 systolic array and operands are tiled to 128 (Cloud TPU
+# performance guide, "tensor dimensions": dims not a multiple of 128 are padded), so a conv with
+# fewer than 32 channels fills at most 32/128 of it (0.2), a 64^3 matmul at most (64/128)^2
+# (0.25), one of 128 x 128 x 256 half of a pipelined pass (0.6); large convs reach about 80%
+# (ResNet-50 on TPU v3 in Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods", 2019).
+# GPUs: a GEMM uses one thread block per 128 x 128 output tile (NVIDIA "Matrix Multiplication
+# Background User's Guide": tile quantization and wave quantization), so a 64^3 product keeps 1
+# of 108-132 SMs busy (0.05 is generous) and 128 x 128 x 256 a few (0.25); cuDNN convs with few
+# channels cannot fill the tensor cores (NVIDIA "Convolutional Layers User's Guide": channels
+# multiples of 8, throughput rising with C and K): 0.2-0.25, many channels 0.55-0.7 (MLPerf
+# ResNet-50 runs at about 60-70% of the tensor-core peak). Reductions stream at the memory bandwidth.
+_TPU_MATMULS = ((2.0 ** 20, 0.25), (2.0 ** 23, 0.6))
+_TPU_CONVS = (("large-c/large-hw", 0.8), ("large-c/small-hw", 0.7), ("small-c/large-hw", 0.2),
+              ("small-c/small-hw", 0.2))
+_GPU_MATMULS = ((2.0 ** 20, 0.05), (2.0 ** 23, 0.25))
+_GPU_CONVS = (("large-c/large-hw", 0.7), ("large-c/small-hw", 0.55), ("small-c/large-hw", 0.25),
+              ("small-c/small-hw", 0.2))
+
 # TPU v3, one TensorCore per device. Cloud TPU docs "TPU v3" (cloud.google.com/tpu/docs/v3):
 # 123 TFLOP/s bf16 and 32 GiB HBM at 900 GB/s per chip of 2 cores -> 61.5 TFLOP/s, 16 GiB,
 # 450 GB/s per core; 2D torus, 1024 chips, "all-reduce bandwidth per pod 340 TB/s" = 4 ICI
@@ -187,6 +212,7 @@ _TPU_V3 = Hardware(
     "tpu-v3", (("bfloat16", 61.5e12), ("float32", 61.5e12), ("float16", 61.5e12)), vector_flops=3.9e12,
     mem_bandwidth=450e9, mem_capacity=16 * GiB,
     topology=Torus(2, Link(2e-6, 82e9, "ici"), cores_per_chip=2, on_chip=Link(1e-6, 450e9, "on-chip")),
+    matmul_classes=_TPU_MATMULS, conv_classes=_TPU_CONVS,
 )
 # TPU v4, one chip (2 TensorCores as one device). Cloud TPU docs "TPU v4": 275 TFLOP/s
 # bf16, 32 GiB HBM2 at 1200 GB/s, 3D torus of 4096 chips, "all-reduce bandwidth per pod
@@ -194,6 +220,7 @@ _TPU_V3 = Hardware(
 _TPU_V4 = Hardware(
     "tpu-v4", (("bfloat16", 275e12), ("float32", 275e12), ("float16", 275e12)), vector_flops=8.6e12,
     mem_bandwidth=1200e9, mem_capacity=32 * GiB, topology=Torus(3, Link(2e-6, 45e9, "ici")),
+    matmul_classes=_TPU_MATMULS, conv_classes=_TPU_CONVS,
 )
 # DGX A100 (NVIDIA A100 Tensor Core GPU datasheet; DGX A100 user guide): A100 SXM4 80GB,
 # 312 TFLOP/s bf16/f16 dense, 156 TF32 (XLA's default for f32 dots on A100), 19.5 TFLOP/s
@@ -204,7 +231,7 @@ _A100 = Hardware(
     "a100-node", (("bfloat16", 312e12), ("float16", 312e12), ("float32", 156e12), ("float64", 19.5e12)),
     vector_flops=19.5e12, mem_bandwidth=2039e9, mem_capacity=80 * GiB,
     topology=Switched(Link(3e-6, 300e9, "nvlink"), Link(8e-6, 25e9, "network"), node_size=8),
-    op_overhead=3e-6, algorithm="ring",
+    op_overhead=3e-6, algorithm="ring", matmul_classes=_GPU_MATMULS, conv_classes=_GPU_CONVS,
 )
 # DGX H100 (NVIDIA H100 Tensor Core GPU datasheet; DGX H100 user guide): H100 SXM5 80GB,
 # 989 TFLOP/s bf16/f16 dense, 494 TF32, 67 TFLOP/s f32 vector, HBM3 3.35 TB/s; NVLink4
@@ -214,7 +241,7 @@ _H100 = Hardware(
     "h100-node", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12), ("float64", 67e12)),
     vector_flops=67e12, mem_bandwidth=3.35e12, mem_capacity=80 * GiB,
     topology=Switched(Link(3e-6, 450e9, "nvlink"), Link(8e-6, 50e9, "network"), node_size=8),
-    op_overhead=3e-6, algorithm="ring",
+    op_overhead=3e-6, algorithm="ring", matmul_classes=_GPU_MATMULS, conv_classes=_GPU_CONVS,
 )
 
 PRESETS: Mapping[str, Hardware] = {"tpu-v3": _TPU_V3, "tpu-v4": _TPU_V4, "a100-node": _A100, "h100-node": _H100}

@@ -9,7 +9,8 @@
 * CPU devices (and unnamed accelerators): ``Hardware.calibrate(mesh)`` once, cached on disk
   under ``$GSPMD_PY_CACHE_DIR`` (default ``~/.cache/gspmd_py``), keyed by the machine (host,
   CPU count, platform, device kind), the mesh (shape, axis names, device ids), the jax
-  version and the largest collective size measured. Collectives are measured up to the
+  version, the largest collective size measured and the cache's ``FORMAT`` (bumped when
+  calibration measures more: an older entry is measured again, as is one lacking a field). Collectives are measured up to the
   size the program moves (``largest_bytes``, at most ``MAX_COLLECTIVE_BYTES``): the cost
   model extrapolates past the largest size it measured, and large transfers are where a
   host's links leave their alpha-beta line. Sizes above 2 MiB are time-bounded
@@ -25,6 +26,7 @@ import pickle
 import platform
 from typing import Optional
 
+import attrs
 import jax
 
 from ..mesh import Mesh
@@ -34,7 +36,7 @@ KINDS = (("h100", "h100-node"), ("a100", "a100-node"), ("tpu v3", "tpu-v3"), ("t
 BASE_SIZES = (2 ** 14, 2 ** 17, 2 ** 21)
 MAX_COLLECTIVE_BYTES = 2 ** 25  # 32 MiB per device: larger transfers extrapolate from here
 CALIBRATION = {"reps": 5, "base_sizes": BASE_SIZES, "max_bytes": MAX_COLLECTIVE_BYTES}
-FORMAT = 1  # bump when the cached Hardware's layout changes
+FORMAT = 2  # bump when the cached Hardware's layout or what calibration measures changes (2: per-class rates)
 
 
 def cache_dir() -> str:
@@ -73,7 +75,7 @@ def calibrated(mesh: Mesh, largest_bytes: Optional[int] = None) -> tuple[Hardwar
     try:
         with open(path, "rb") as fh:
             hw = pickle.load(fh)
-        if isinstance(hw, Hardware):
+        if current(hw):
             return hw, f"calibrated on this machine (cached: {path})"
     except Exception:  # noqa: BLE001 - a missing, stale or broken cache entry is measured again
         pass
@@ -88,6 +90,12 @@ def calibrated(mesh: Mesh, largest_bytes: Optional[int] = None) -> tuple[Hardwar
     except OSError as e:
         where = f"not cached: {e}"
     return hw, f"calibrated on this machine just now, collectives up to {sizes[-1] // 2 ** 20} MiB ({where})"
+
+
+def current(hw) -> bool:
+    """Is ``hw`` (unpickled from the cache) a Hardware with every field this version has? An
+    entry written before a field was added lacks it, and is measured again."""
+    return isinstance(hw, Hardware) and all(hasattr(hw, f.name) for f in attrs.fields(Hardware))
 
 
 def default_hardware(mesh: Mesh, largest_bytes: Optional[int] = None) -> tuple[Hardware, str]:

@@ -17,7 +17,9 @@ JAX's execution:
   program is priced as phases only when the plan holds its phases as collectives). A
   combined collective is one record: one alpha.
 
-Time per equation: ``max(flops / peak, bytes / mem_bandwidth)`` (+ ``op_overhead`` per
+Time per equation: ``max(flops / rate, bytes / mem_bandwidth)`` (rates.py: the rate of its
+shape class: a matmul's by its FLOPs, a conv's by its channels and image size; reductions at
+``reduce_bandwidth``) (+ ``op_overhead`` per
 kernel, ``step_overhead`` per step); ``step_serial_s`` = compute + communication; ``step_overlap_s`` = a schedule of
 the program on two streams (compute, collectives) in program order, each equation starting
 when its operands are ready. ``step_s`` is the serial time unless ``overlap=True``.
@@ -51,6 +53,7 @@ from .counting import eqn_flops, is_free
 from .fusion import Fusion
 from .hardware import Hardware
 from .memory import Memory, peak_memory
+from .rates import CONV, compute_seconds, conv_class
 
 
 def _flat_indices(donate) -> tuple[int, ...]:
@@ -235,13 +238,12 @@ class _Walker:
         hw = self.hw
         flops, trans = eqn_flops(eqn)
         nb = fusion.read_bytes(eqn) + fusion.write_bytes(eqn)
-        if eqn.primitive.name == "dot_general":
-            ct = flops / hw.peak(eqn.invars[0].aval.dtype)
-        elif eqn.primitive.name == "conv_general_dilated":
-            ct = flops / (hw.peak(eqn.invars[0].aval.dtype) * hw.conv_efficiency)
-        else:
-            ct = (flops + trans * (hw.transcendental_flops - 1)) / hw.vector_flops
-        t = max(ct, nb / hw.mem_bandwidth) + hw.op_overhead * fusion.launches(eqn)
+        name = eqn.primitive.name
+        conv = None
+        if name == CONV:
+            conv = conv_class(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, eqn.params.get("dimension_numbers"))
+        dtype = eqn.invars[0].aval.dtype if eqn.invars else None
+        t = compute_seconds(hw, name, flops, trans, nb, dtype, conv) + hw.op_overhead * fusion.launches(eqn)
         return t, flops, trans, nb
 
     def walk(self, body: Body, trips: int, acc: _Acc) -> tuple[float, float]:

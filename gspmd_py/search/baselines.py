@@ -1,7 +1,8 @@
 """The hand-written plans, said as search states: starting points and the report's yardsticks.
 
 * replicated: nothing decided over the searched axes;
-* data parallel: the leading dim of every data input over every searched axis;
+* data parallel: the leading dim of every data input over every searched axis (and, when
+  that split is uneven, over the axes that divide it evenly: pricing decides);
 * Megatron (where the program has matmuls): walking the program in order, a weight's first
   matmul splits it on its output columns when the activation it meets is not split yet
   (column parallel: the result is split), else on its contracting dim (row parallel: the
@@ -17,6 +18,12 @@
   leading dim over the first axis and its last (model) dim over the last axis
   (``wi [M, H]: P("x", "y")``, ``wo [H, M]: P("y", "x")``, ``x [B, L, M]: P("x", None, "y")``).
 
+Every split prefers dims the shards divide evenly; where none does (a vocab of 50257, 12
+heads, a batch of 12 on 8 devices) the plan splits its natural dim unevenly (padded:
+``splits``, context.fair_split), and the search's pricing sees the padded shards. Where that
+changes Megatron, the even-only Megatron plans (and their DP / sequence / 2D combinations)
+are start states too, named "... (even splits)": pricing decides.
+
 Data inputs are those whose leading dim is the batch (the leading dim most data bytes
 share). Weights are inputs met, possibly through a cast (``w.astype(bf16)``), a transpose (a tied
 ``wte.T``) or a scan (a stacked ``[L, ...]`` weight sliced per iteration: the decision goes to
@@ -29,8 +36,17 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..jax_compat import scan_counts
-from .context import TacticContext
+from .context import TacticContext, fair_split
 from .points import PointClass
+
+
+def splits(shape, dims, k: int, uneven: bool = True) -> list[int]:
+    """Of ``dims``, those that ``k`` shards divide evenly; when none does (and ``uneven``),
+    those it splits unevenly but fairly (padded: context.fair_split), so that a vocab of 50257
+    or a batch of 12 on 8 devices still gets the hand plan's natural split."""
+    dims = list(dims)
+    even = [d for d in dims if fair_split(shape[d], k)]
+    return even or ([d for d in dims if fair_split(shape[d], k, even=False)] if uneven else [])
 
 
 CASTS = frozenset(("convert_element_type", "copy", "copy_p", "reduce_precision"))
@@ -137,7 +153,18 @@ def _data_parallel(ctx, classes, cls_of, data, axes) -> tuple:
     return tuple(state)
 
 
-def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
+def _even_axes(ctx, data, axes) -> tuple:
+    """The axes (in order, greedily) whose shards divide every data input's batch evenly."""
+    out, k = [], 1
+    for a in axes:
+        n = k * ctx.mesh.axis_size(a)
+        if all(fair_split(ctx.value(vid).shape[0], n) for vid in data):
+            out.append(a)
+            k = n
+    return tuple(out)
+
+
+def _megatron(ctx, classes, cls_of, weights, axis, uneven: bool = True) -> tuple:
     wset = set(weights)
     decided: dict[int, tuple] = {}  # class -> action
     tainted: set[int] = set()
@@ -154,11 +181,11 @@ def _megatron(ctx, classes, cls_of, weights, axis) -> tuple:
             wc, wb = (rc, rb) if i == 1 else (lc, lb)
             if c not in decided:
                 if act.id in tainted:  # row parallel: split the contracting dim
-                    dims = [d for d in wc if w.shape[d] % k == 0]
+                    dims = splits(w.shape, wc, k, uneven)
                     if dims:
                         decided[c] = (c, dmap[dims[0]], axis)
                     continue  # the result is a partial sum: reduced, not split
-                dims = [d for d in range(w.rank) if d not in wc and d not in wb and w.shape[d] % k == 0]
+                dims = splits(w.shape, [d for d in range(w.rank) if d not in wc and d not in wb], k, uneven)
                 if dims:
                     decided[c] = (c, dmap[dims[0]], axis)
                     tainted.update(o.id for o in op.outputs)
@@ -183,7 +210,7 @@ def _fsdp(ctx, classes, cls_of, weights, data, axes) -> tuple:
             continue
         done.add(c)
         shape = classes[c].shape
-        dims = [d for d in range(len(shape)) if shape[d] % k == 0 and shape[d] >= k]
+        dims = splits(shape, range(len(shape)), k)
         if not dims:
             continue
         d = max(dims, key=lambda e: (shape[e], -e))
@@ -206,7 +233,7 @@ def _expert(ctx, classes, cls_of, weights, data, axis) -> tuple:
         (lc, rc), (lb, rb) = op.params["dimension_numbers"]
         wb = rb if i == 1 else lb
         c = cls_of[src.id]
-        dims = [d for d in wb if op.inputs[i].shape[d] % k == 0]
+        dims = splits(op.inputs[i].shape, wb, k)
         if dims and c not in out:
             out[c] = (c, dmap[dims[0]], axis)
     return tuple(out.values())
@@ -223,7 +250,7 @@ def _spatial(ctx, classes, cls_of, data, first: str, last: str, hw: bool) -> tup
             continue
         plan = ((1, first), (2, last)) if hw else ((0, first), (1, last))
         for d, a in plan:
-            if shape[d] % ctx.mesh.axis_size(a) == 0 and shape[d] >= ctx.mesh.axis_size(a):
+            if splits(shape, [d], ctx.mesh.axis_size(a)):
                 state.append((c, d, a))
     return tuple(state)
 
@@ -235,7 +262,7 @@ def _sequence(ctx, classes, cls_of, data, axes) -> tuple:
     for vid in data:
         c = cls_of[vid]
         shape = classes[c].shape
-        if len(shape) >= 3 and shape[1] % k == 0 and shape[1] >= k:
+        if len(shape) >= 3 and splits(shape, [1], k):
             state.append((c, 1, axes[-1]))
     return tuple(state)
 
@@ -247,16 +274,16 @@ def _two_d(ctx, classes, cls_of, data, meg, first: str, last: str) -> tuple:
     state = list(meg)
     for c, d, _ in meg:
         shape = classes[c].shape
-        other = [e for e in range(len(shape)) if e != d and shape[e] % k == 0 and shape[e] >= k]
+        other = splits(shape, [e for e in range(len(shape)) if e != d], k)
         if other:
             state.append((c, max(other, key=lambda e: (shape[e], -e)), first))
     kl = ctx.mesh.axis_size(last)
     for vid in data:
         c = cls_of[vid]
         shape = classes[c].shape
-        if shape[0] % k == 0 and (c, 0, first) not in state:
+        if splits(shape, [0], k) and (c, 0, first) not in state:
             state.append((c, 0, first))
-        if len(shape) > 1 and shape[-1] % kl == 0 and (c, len(shape) - 1, last) not in state:
+        if len(shape) > 1 and splits(shape, [len(shape) - 1], kl) and (c, len(shape) - 1, last) not in state:
             state.append((c, len(shape) - 1, last))
     return tuple(state)
 
@@ -267,24 +294,34 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
     out = [("replicated", ())]
     if data:
         out.append((f"data parallel ({','.join(axes)})", _data_parallel(ctx, classes, cls_of, data, axes)))
+        ev = _even_axes(ctx, data, axes)
+        if ev != axes and ev:  # the batch splits unevenly over all: the even alternative too (pricing decides)
+            out.append((f"data parallel ({','.join(ev)})", _data_parallel(ctx, classes, cls_of, data, ev)))
     if weights or len(cls_of) > len(data):
         out.append((f"FSDP ({','.join(axes)})", _fsdp(ctx, classes, cls_of, weights, data, axes)))
         if len(axes) > 1 and data:
             fs = _fsdp(ctx, classes, cls_of, weights, [], axes[-1:])
             out.append((f"data parallel ({','.join(axes[:-1])}) + FSDP ({axes[-1]})",
                         _data_parallel(ctx, classes, cls_of, data, axes) + fs))
+    megs = []
     if weights:
-        meg = _megatron(ctx, classes, cls_of, weights, axes[-1])
+        megs.append(("", _megatron(ctx, classes, cls_of, weights, axes[-1])))
+        even = _megatron(ctx, classes, cls_of, weights, axes[-1], uneven=False)
+        if even != megs[0][1]:  # an uneven split where the even-only plan differs: both (pricing decides)
+            megs.append((" (even splits)", even))
+    for tag, meg in megs:
         if meg:
-            out.append((f"Megatron ({axes[-1]})", meg))
+            out.append((f"Megatron ({axes[-1]}){tag}", meg))
             if len(axes) > 1 and data:
                 dp = _data_parallel(ctx, classes, cls_of, data, axes[:-1])
-                out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]})", dp + meg))
+                out.append((f"data parallel ({','.join(axes[:-1])}) + Megatron ({axes[-1]}){tag}", dp + meg))
                 seq = _sequence(ctx, classes, cls_of, data, axes)
                 if any(d == 1 for _, d, _ in seq):
-                    out.append((f"Megatron + sequence parallel ({axes[-1]})", seq + meg))
+                    out.append((f"Megatron + sequence parallel ({axes[-1]}){tag}", seq + meg))
             if len(axes) > 1:
-                out.append((f"2D ({axes[0]},{axes[-1]})", _two_d(ctx, classes, cls_of, data, meg, axes[0], axes[-1])))
+                out.append((f"2D ({axes[0]},{axes[-1]}){tag}",
+                            _two_d(ctx, classes, cls_of, data, meg, axes[0], axes[-1])))
+    if weights:
         ex = _expert(ctx, classes, cls_of, weights, data, axes[-1])
         if ex:
             dp = _data_parallel(ctx, classes, cls_of, data, axes[-1:])

@@ -102,6 +102,7 @@ KEEP_PROPAGATIONS = 64  # ranked states' propagations kept for pricing (rank, ke
 # (Propagation.extend: only what the new seeds reach); the traced pricer propagates afresh
 INCREMENTAL = False
 MAX_EVALUATIONS = 2000  # default deterministic budget: candidate states priced or ranked
+UNEVEN = True  # actions may split a dim its shards do not divide (padded; context.fair_split)
 
 Action = tuple  # (class index, dim, axis name)
 
@@ -200,7 +201,7 @@ class _Search:
                 v = ctx.value(vid)
                 mine = out.setdefault(vid, [[] for _ in v.shape])
                 cur = [x + y for x, y in zip(ctx.dims(v), mine)]
-                if not ctx.can_add(v, d, ref, cur):
+                if not ctx.can_add(v, d, ref, cur, uneven=UNEVEN):
                     return None
                 mine[d].append(ref)
         return out

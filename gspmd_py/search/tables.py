@@ -5,8 +5,9 @@ A candidate's propagation (search/price.py) gives every op its projection (facto
 axes) and every value its sharding. ``CostTables`` turns that into one integer per *term*,
 a fixed list per graph:
 
-* one compute term per op: its local FLOPs and bytes under the projection (matmul rate for
-  dot/conv, else the vector rate or memory bandwidth, whichever binds);
+* one compute term per op: its local FLOPs and bytes under the projection (padded shards),
+  timed by the cost model's ``cost.rates.op_seconds`` (the rate of the op's shape class for
+  dot/conv, else the vector rate, or the memory bandwidth, whichever binds);
 * one resharding term per operand edge (the value's sharding -> the operand dims the
   projection executes) and per result edge (the result dims -> the value's sharding): the
   collectives of the reshard planner's steps (program/reshard_plan.py), the very steps the
@@ -60,6 +61,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..cost.rates import op_seconds
 from ..ir import Graph, Op
 from ..mesh import Mesh
 from ..ops import facts as F
@@ -272,24 +274,18 @@ class CostTables:
     # -- terms ------------------------------------------------------------------------
     def _op_cost(self, op: Op, rule, factors: dict, proj) -> tuple:
         hw = self.hw
-        total = 1.0
-        for f in rule.factors:
-            total *= f.size
-        shards = 1
-        for axes in factors.values():
-            for a in axes:
-                shards *= a.size
-        work = total / shards
+        work = 1.0  # per device: each factor padded to a multiple of its shards (an uneven split)
+        for i, f in enumerate(rule.factors):
+            k = 1
+            for a in factors.get(i, ()):
+                k *= a.size
+            work *= -(-f.size // k)
         nb = 0
         for v, dims in zip(op.inputs, proj.operand_dims):
             nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
         for v, dims in zip(op.outputs, proj.result_dims):
             nb += _local_bytes(v.shape, v.dtype.itemsize, dims)
-        if facts_of(op.prim).matmul and op.inputs:
-            ct = 2 * work / hw.peak(op.inputs[0].dtype)
-        else:
-            ct = work / hw.vector_flops
-        return max(ct, nb / hw.mem_bandwidth), 0.0, ()
+        return op_seconds(hw, op, 2 * work if facts_of(op.prim).matmul else work, nb, proj.operand_dims), 0.0, ()
 
     def _steps(self, shape, src, dst, partial=(), keep_partial: bool = False):
         """The reshard planner's steps (program/reshard_plan.py: the ones the partitioner emits)

@@ -237,7 +237,7 @@ class Auto:
             v = ctx.value(vid)
             for d, axes in enumerate(dims):
                 for x in axes:
-                    ctx.add(v, d, x, str(self))
+                    ctx.add(v, d, x, str(self), even=False)  # the search checked them (uneven: padded)
         _record(ctx, str(self), before, result)
 
 
@@ -277,7 +277,7 @@ class Decided:
                 continue
             for d, axes in enumerate(dims):
                 for n in axes:
-                    ctx.add(v, d, ctx.mesh.ref(n), self.text)
+                    ctx.add(v, d, ctx.mesh.ref(n), self.text, even=False)  # as the search decided
         _record(ctx, self.text, before)
 
 

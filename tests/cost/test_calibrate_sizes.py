@@ -9,11 +9,15 @@ import pytest
 import gspmd_py as gp
 from gspmd_py.cost import calibrate
 
+TINY_CONVS = (("small-c/small-hw", 4, 4), ("small-c/large-hw", 8, 4), ("large-c/small-hw", 4, 8),
+              ("large-c/large-hw", 8, 8))  # tiny images: labels only
+
 
 @pytest.fixture
 def tiny(monkeypatch):
     for name, v in (("MATMUL_FLOPS", 2 ** 20), ("ELEMS", 2 ** 12), ("MEM_ELEMS", 2 ** 12), ("SUSTAIN", 1),
-                    ("MATMULS", calibrate.MATMULS[:1]), ("KINDS", calibrate.KINDS[:3]), ("LARGE", 2 ** 13)):
+                    ("MATMULS", calibrate.MATMULS[:1]), ("KINDS", calibrate.KINDS[:3]), ("LARGE", 2 ** 13),
+                    ("MATMUL_CLASSES", ((2 ** 20, (1, 16, 16, 16), 2 ** 16),)), ("CONV_FLOPS", 2 ** 14), ("CONV_PROBES", TINY_CONVS)):
         monkeypatch.setattr(calibrate, name, v)
     return gp.Mesh((2, 4), ("x", "y"))
 

@@ -15,6 +15,9 @@ S = jax.ShapeDtypeStruct
 f32 = jnp.float32
 ARGS = [S((32, 64), f32), S((64, 128), f32), S((128, 64), f32)]
 
+TINY_CONVS = (("small-c/small-hw", 4, 4), ("small-c/large-hw", 8, 4), ("large-c/small-hw", 4, 8),
+              ("large-c/large-hw", 8, 8))  # tiny images: labels only
+
 
 @pytest.fixture
 def tiny_cache(tmp_path, monkeypatch):
@@ -30,7 +33,8 @@ def tiny_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(gp.Hardware, "calibrate", staticmethod(counting))
     # tiny probes: this calibration measures little (the real one takes about 10 s)
     for name, v in (("MATMUL_FLOPS", 2 ** 20), ("ELEMS", 2 ** 12), ("MEM_ELEMS", 2 ** 12), ("SUSTAIN", 1),
-                    ("MATMULS", calibrate.MATMULS[:1]), ("KINDS", calibrate.KINDS[:3])):
+                    ("MATMULS", calibrate.MATMULS[:1]), ("KINDS", calibrate.KINDS[:3]),
+                    ("MATMUL_CLASSES", ((2 ** 20, (1, 16, 16, 16), 2 ** 16),)), ("CONV_FLOPS", 2 ** 14), ("CONV_PROBES", TINY_CONVS)):
         monkeypatch.setattr(calibrate, name, v)
     return tmp_path, calls
 

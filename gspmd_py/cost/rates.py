@@ -1,0 +1,109 @@
+"""Compute rates per shape class: the seconds one op's FLOPs and bytes take on a ``gp.Hardware``.
+
+One matmul rate and one conv efficiency mislead where the decision changes a kernel's shape
+class: splitting a matmul makes it smaller (a CPU's GEMM on 64 x 64 tiles runs far below its
+rate on 512 x 512 ones), tiling a conv over H x W shrinks each device's image, and a conv
+with few channels cannot fill a matrix unit (TPU lanes are 128 wide). So a Hardware carries,
+besides its peak rates (all optional; empty: one rate as before):
+
+* ``matmul_classes``: ``((max_flops, efficiency), ...)`` ascending: a dot_general of at most
+  ``max_flops`` FLOPs (per device, per op) runs at ``efficiency`` x ``peak(dtype)``; larger
+  ones at the peak (``matmul_efficiency``);
+* ``conv_classes``: ``((class, efficiency), ...)`` with class ``"<c>/<hw>"``, ``<c>`` "small-c"
+  or "large-c" (the smaller of the input and output feature counts below ``CONV_CHANNELS``
+  or not), ``<hw>`` "small-hw" or "large-hw" (the input's spatial elements per image below
+  ``CONV_SPATIAL`` or not): a conv runs at ``efficiency`` x ``peak(dtype)``; a class not
+  listed at ``conv_efficiency`` (``conv_class``, ``conv_efficiency_of``);
+* ``reduce_bandwidth``: bytes/s of memory-bound reductions (``reduce_sum`` ...; 0: the
+  elementwise ``mem_bandwidth``).
+
+``compute_seconds`` is the one function the cost model (model.py) and the search's cost
+tables (search/tables.py) both call for an op's time, so that the two price alike.
+Calibration (calibrate.py) measures every class; the presets' values are in hardware.py.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+CONV_CHANNELS = 32  # a conv with fewer input or output features than this is "small-c"
+CONV_SPATIAL = 1024  # an input image of fewer spatial elements (32 x 32) is "small-hw"
+CONV_CLASSES = ("small-c/small-hw", "small-c/large-hw", "large-c/small-hw", "large-c/large-hw")
+REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+                        "reduce_xor", "argmax", "argmin"))
+CONV = "conv_general_dilated"
+
+
+def conv_class(lhs_shape: Sequence[int], rhs_shape: Sequence[int], dimension_numbers) -> str:
+    """The shape class of a conv (per device): ``"small-c/large-hw"`` etc. (module docstring).
+    ``dimension_numbers``: lax's ``ConvDimensionNumbers`` (lhs_spec, rhs_spec, out_spec), or
+    None for NCHW / OIHW."""
+    if dimension_numbers is None:
+        lhs_spec, rhs_spec = tuple(range(len(lhs_shape))), tuple(range(len(rhs_shape)))
+    else:
+        lhs_spec, rhs_spec = dimension_numbers[0], dimension_numbers[1]
+    cin = lhs_shape[lhs_spec[1]]
+    cout = rhs_shape[rhs_spec[0]]
+    spatial = 1
+    for d in lhs_spec[2:]:
+        spatial *= lhs_shape[d]
+    c = "small-c" if min(cin, cout) < CONV_CHANNELS else "large-c"
+    s = "small-hw" if spatial < CONV_SPATIAL else "large-hw"
+    return f"{c}/{s}"
+
+
+def matmul_efficiency(hw, flops: float) -> float:
+    """Fraction of ``hw``'s matmul peak a dot_general of ``flops`` FLOPs reaches."""
+    for bound, eff in getattr(hw, "matmul_classes", ()):
+        if flops <= bound:
+            return eff
+    return 1.0
+
+
+def conv_efficiency_of(hw, cls: Optional[str]) -> float:
+    """Fraction of ``hw``'s matmul peak a conv of class ``cls`` reaches (``conv_efficiency``
+    when the class is not listed or unknown)."""
+    if cls is not None:
+        for name, eff in getattr(hw, "conv_classes", ()):
+            if name == cls:
+                return eff
+    return hw.conv_efficiency
+
+
+def compute_seconds(hw, prim: str, flops: float, transcendentals: float, nbytes: float, dtype,
+                    conv: Optional[str] = None) -> float:
+    """Seconds of one op (per device, launch overhead not included): the larger of its FLOPs
+    at its class's rate (dot_general: ``matmul_efficiency``; a conv: ``conv_efficiency_of``
+    its class ``conv``; else the vector rate, transcendentals weighted) and its bytes at the
+    memory bandwidth (``reduce_bandwidth`` for reductions)."""
+    if prim == "dot_general":
+        ct = flops / (hw.peak(dtype) * matmul_efficiency(hw, flops))
+    elif prim == CONV:
+        ct = flops / (hw.peak(dtype) * conv_efficiency_of(hw, conv))
+    else:
+        ct = (flops + transcendentals * (hw.transcendental_flops - 1)) / hw.vector_flops
+    bw = hw.mem_bandwidth
+    if prim in REDUCTIONS and getattr(hw, "reduce_bandwidth", 0.0):
+        bw = hw.reduce_bandwidth
+    return max(ct, nbytes / bw)
+
+
+def op_seconds(hw, op, flops: float, nbytes: float, operand_dims) -> float:
+    """``compute_seconds`` of one IR op (search/tables.py) at its local shapes: ``operand_dims``
+    the mesh axes per dim of each operand (padded shards: an uneven split rounds up)."""
+    if op.prim not in ("dot_general", CONV) or not op.inputs:
+        return compute_seconds(hw, op.prim, flops, 0.0, nbytes, None)
+    conv = None
+    if op.prim == CONV and len(op.inputs) >= 2:
+        local = [_local_shape(v.shape, dims) for v, dims in zip(op.inputs, operand_dims)]
+        conv = conv_class(local[0], local[1], op.params.get("dimension_numbers"))
+    return compute_seconds(hw, op.prim, flops, 0.0, nbytes, op.inputs[0].dtype, conv)
+
+
+def _local_shape(shape: Sequence[int], dims) -> tuple[int, ...]:
+    out = []
+    for n, axes in zip(shape, dims):
+        k = 1
+        for a in axes:
+            k *= a.size
+        out.append(-(-n // k))
+    return tuple(out)
