@@ -69,3 +69,14 @@ def type_dims(mesh: Mesh, aval) -> Optional[tuple]:
     explicit = set(mesh.explicit_axes)
     entries = [_entry_axes(spec[d] if d < len(spec) else None) for d in range(len(aval.shape))]
     return tuple(tuple(mesh.ref(a) for a in axes if a in explicit) for axes in entries)
+
+
+def cotangent_dims(mesh: Mesh, aval) -> Optional[tuple]:
+    """The canonical dims a cotangent of a primal of type ``aval`` must be returned in: its
+    type's; replicated for a primal with no sharding in its type (JAX types the cotangent as
+    its primal); None (the user's in_sharding decides) for one typed over another mesh."""
+    dims = type_dims(mesh, aval)
+    if dims is not None:
+        return dims
+    amesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    return ((),) * len(aval.shape) if amesh is None or getattr(amesh, "empty", False) else None

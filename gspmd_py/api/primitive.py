@@ -363,9 +363,9 @@ def _cotangent_outs(spmd: SpmdParams, ins: list, args: Sequence, linear: Sequenc
     Explicit axes, its primal's type (JAX checks a cotangent's type against it)."""
     if not explicit.typed(spmd.mesh):
         return _kept(ins, linear)
-    return [Given(explicit.type_dims(spmd.mesh, x.aval), f"the type of input {i}") if lin and
-            explicit.type_dims(spmd.mesh, x.aval) is not None else g
-            for i, (g, x, lin) in enumerate(zip(ins, args, linear)) if lin]
+    dims = [explicit.cotangent_dims(spmd.mesh, x.aval) if lin else None for x, lin in zip(args, linear)]
+    return [g if d is None else Given(d, f"the type of input {i}")
+            for i, (g, d, lin) in enumerate(zip(ins, dims, linear)) if lin]
 
 
 def _transpose_jaxpr(jaxpr: ClosedJaxpr, linear: tuple[bool, ...], nz_cts: tuple[bool, ...]) -> ClosedJaxpr:

@@ -151,3 +151,27 @@ def test_training_step_under_explicit_mesh():
     for k in p0:
         assert jax.typeof(params[k]).sharding.spec == specs_[k], k
         assert_same(params[k], ref[k], rtol=1e-5, atol=1e-5)
+
+
+def test_transformations_inside_jit_under_explicit_mesh():
+    """vmap, scan, checkpoint and jacrev of a gp.spmd function inside jax.jit under
+    set_mesh(explicit), its argument a numpy array (untyped): each matches the plain function,
+    and a gradient is typed as its primal (replicated here), as JAX types it."""
+    jm = explicit_mesh(1)
+    fn = lambda x: jnp.sin(x) @ jnp.ones((4, 4))
+    f = gp.spmd(fn, jm, out_shardings=JP("x", None))
+    x, xb = rand((8, 4)), rand((3, 8, 4), seed=2)
+    loop = lambda h: (lambda x: jax.lax.scan(lambda c, _: (h(c) * 0.5 + c, None), x, None, length=2)[0])
+    cases = {
+        "vmap": (lambda h: jax.vmap(h), xb),
+        "vmap grad": (lambda h: jax.grad(lambda x: jax.vmap(h)(x).sum()), xb),
+        "scan": (loop, x),
+        "checkpoint grad": (lambda h: jax.grad(lambda x: jax.checkpoint(h)(x).sum()), x),
+        "jacrev": (lambda h: jax.jacrev(lambda x: h(x).sum(0)), x),
+    }
+    for name, (t, arg) in cases.items():
+        with jax.set_mesh(jm):
+            got = jax.jit(t(f))(arg)
+        assert_same(got, t(fn)(arg), rtol=1e-4, atol=1e-4, what=name)
+        if "grad" in name or name == "jacrev":
+            assert jax.typeof(got).sharding.spec == JP(*[None] * got.ndim), (name, jax.typeof(got))
