@@ -110,7 +110,9 @@ spmd_call_p.multiple_results = True
 
 
 def bind(args: Sequence[Any], jaxpr: ClosedJaxpr, spmd: SpmdParams) -> list:
-    return spmd_call_p.bind(*args, jaxpr=jaxpr, spmd=with_plan(jaxpr, spmd, [jax.typeof(x) for x in args]))
+    if spmd.plan is None and explicit.typed(spmd.mesh):
+        spmd = with_plan(jaxpr, spmd, [jax.typeof(x) for x in args])
+    return spmd_call_p.bind(*args, jaxpr=jaxpr, spmd=spmd)
 
 
 def with_plan(jaxpr: ClosedJaxpr, spmd: SpmdParams, in_avals: Sequence) -> SpmdParams:
