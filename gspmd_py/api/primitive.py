@@ -43,6 +43,7 @@ from .. import jax_compat as compat
 from ..jax_compat import ad, batching, mlir, pe
 
 from ..errors import ShardingError
+from . import explicit
 from ..frontend.batch_axes import check_batch_axes
 from ..runtime.layout import own_mesh
 from ..mesh import Mesh
@@ -109,7 +110,35 @@ spmd_call_p.multiple_results = True
 
 
 def bind(args: Sequence[Any], jaxpr: ClosedJaxpr, spmd: SpmdParams) -> list:
+    if spmd.plan is None and explicit.typed(spmd.mesh):
+        spmd = with_plan(jaxpr, spmd, [jax.typeof(x) for x in args])
     return spmd_call_p.bind(*args, jaxpr=jaxpr, spmd=spmd)
+
+
+def with_plan(jaxpr: ClosedJaxpr, spmd: SpmdParams, in_avals: Sequence) -> SpmdParams:
+    """``spmd`` with its plan, built now over a mesh with Explicit axes (the outputs' types need it;
+    api/explicit.py), its inputs' types seeded as the layouts they arrive in; as it is elsewhere."""
+    if spmd.plan is not None or not explicit.typed(spmd.mesh):
+        return spmd
+    hints = [h if h is not None else explicit.type_dims(spmd.mesh, a) for h, a in zip(spmd.hints(len(in_avals)), in_avals)]
+    spmd = attrs.evolve(spmd, in_hints=_some(hints))
+    return attrs.evolve(spmd, plan=plan_of(jaxpr, spmd))
+
+
+def out_avals(jaxpr: ClosedJaxpr, spmd: SpmdParams) -> list:
+    """The outputs' avals: typed with their layouts over a mesh with Explicit axes (api/explicit.py)."""
+    if not explicit.typed(spmd.mesh):
+        return list(jaxpr.out_avals)
+    return explicit.out_avals(plan_of(jaxpr, spmd), jaxpr.out_avals)
+
+
+def _typed_outs(jaxpr: ClosedJaxpr, spmd: SpmdParams) -> list:
+    """Per output, its user out_sharding; over a mesh with Explicit axes, the Given of its type."""
+    outs = spmd.outs(len(jaxpr.out_avals))
+    if not explicit.typed(spmd.mesh):
+        return outs
+    return [Given(explicit.type_dims(spmd.mesh, a), f"the type of output {i}" if g is None else g.label)
+            for i, (g, a) in enumerate(zip(outs, out_avals(jaxpr, spmd)))]
 
 
 def _abstract_eval(*avals, jaxpr: ClosedJaxpr, spmd: SpmdParams):
@@ -117,7 +146,7 @@ def _abstract_eval(*avals, jaxpr: ClosedJaxpr, spmd: SpmdParams):
         raise ShardingError(
             f"gp.spmd function {spmd.name} has side effects ({', '.join(sorted(map(str, jaxpr.effects)))}): "
             "debug callbacks, io_callback and state are not supported inside gp.spmd under JAX transformations")
-    return list(jaxpr.out_avals)
+    return out_avals(jaxpr, spmd)
 
 
 spmd_call_p.def_abstract_eval(_abstract_eval)
@@ -211,12 +240,12 @@ mlir.register_lowering(spmd_call_p, _lowering, cacheable=False)
 def _jvp(primals, tangents, *, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     nz_in = [type(t) is not ad.Zero for t in tangents]
     jvp_jaxpr, nz_out = ad.jvp_jaxpr(jaxpr, nz_in, instantiate=False)
-    hints, ins, given_outs = spmd.hints(len(primals)), spmd.ins(len(primals)), spmd.outs(len(jaxpr.out_avals))
+    hints, ins, given_outs = spmd.hints(len(primals)), spmd.ins(len(primals)), _typed_outs(jaxpr, spmd)
     params = spmd.derive(hints + _kept(hints, nz_in), ins + _kept(ins, nz_in), given_outs + _kept(given_outs, nz_out))
     outs = bind([*primals, *_kept(tangents, nz_in)], jvp_jaxpr, params)
     primals_out, nz_tangents = outs[:len(jaxpr.out_avals)], iter(outs[len(jaxpr.out_avals):])
     tangents_out = [next(nz_tangents) if nz else ad.Zero(a.to_tangent_aval())
-                    for nz, a in zip(nz_out, jaxpr.out_avals)]
+                    for nz, a in zip(nz_out, out_avals(jaxpr, spmd))]
     return primals_out, tangents_out
 
 
@@ -268,7 +297,8 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
 
 def _stage(trace: pe.JaxprTrace, in_tracers, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     """An spmd_call of unknown inputs, staged into the partial-eval trace."""
-    out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(a), None) for a in jaxpr.out_avals]
+    spmd = with_plan(jaxpr, spmd, [t.aval for t in in_tracers])
+    out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(a), None) for a in out_avals(jaxpr, spmd)]
     eqn = pe.new_eqn_recipe(trace, list(in_tracers), out_tracers, spmd_call_p, dict(jaxpr=jaxpr, spmd=spmd),
                             compat.core.no_effects, compat.current_source())
     for t in out_tracers:
@@ -325,9 +355,19 @@ def _transpose(cts, *args, jaxpr: ClosedJaxpr, spmd: SpmdParams):
     hints, ins, given_outs = spmd.hints(len(args)), spmd.ins(len(args)), spmd.outs(len(cts))
     # a cotangent input takes its output's out_shardings; a cotangent output its input's in_shardings
     params = spmd.derive(_dropped(hints, linear) + [None] * sum(nz_cts),
-                         _dropped(ins, linear) + _kept(given_outs, nz_cts), _kept(ins, linear))
+                         _dropped(ins, linear) + _kept(given_outs, nz_cts), _cotangent_outs(spmd, ins, args, linear))
     outs = iter(bind([*residuals, *_kept(cts, nz_cts)], t_jaxpr, params))
     return [next(outs) if lin else None for lin in linear]
+
+
+def _cotangent_outs(spmd: SpmdParams, ins: list, args: Sequence, linear: Sequence[bool]) -> list:
+    """Per linear input, the out_sharding of its cotangent: its in_sharding; over a mesh with
+    Explicit axes, its primal's type (JAX checks a cotangent's type against it)."""
+    if not explicit.typed(spmd.mesh):
+        return _kept(ins, linear)
+    dims = [explicit.cotangent_dims(spmd.mesh, x.aval) if lin else None for x, lin in zip(args, linear)]
+    return [g if d is None else Given(d, f"the type of input {i}")
+            for i, (g, d, lin) in enumerate(zip(ins, dims, linear)) if lin]
 
 
 def _transpose_jaxpr(jaxpr: ClosedJaxpr, linear: tuple[bool, ...], nz_cts: tuple[bool, ...]) -> ClosedJaxpr:

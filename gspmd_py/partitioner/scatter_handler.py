@@ -16,10 +16,13 @@ and the result is partial over them: an embedding gradient's data-parallel sum, 
 (or reduce-scattered onto a sharded table gradient) once, where it is consumed. A clip-mode
 scatter clamps the global indices first, as lax does, then shifts them.
 
-Every shifted index lands in bounds (XLA's CPU scatter did not drop every out-of-bounds
-index once the program was compiled across devices); the op's mode still decides for an
-index out of the global bounds of an unsharded dim. Rows past the end of an uneven dim are
-padding: an update that lands there is never read.
+A scatter-add / -sub into a sharded one-row dim is done in place, as jax.jit's partitioner
+emits it: the indices shifted by the device's first row, the scatter in FILL_OR_DROP mode
+dropping the updates of rows other devices hold (no pass over the updates, no spare row:
+the per-device program is jax.jit's). Any other scatter sends every shifted index in bounds
+(the spare row). The op's mode still decides for an index out of the global bounds of an
+unsharded dim. Rows past the end of an uneven dim are padding: an update that lands there
+is never read.
 """
 from __future__ import annotations
 
@@ -81,28 +84,22 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
 
 
 def _add_own_rows(ctx: Ctx, op, plan, x, idx, upd, sharded, partial, kind: str):
-    """scatter-add / -sub into the rows this device holds, in place: every shifted index
-    clamped into the local block, the updates of rows it does not hold (or of no row) made
-    the identity (-0.0 added, +0.0 subtracted: x + -0.0 == x for every x)."""
+    """scatter-add / -sub into the rows this device holds, in place: every index shifted by the
+    device's first row, the updates of rows it does not hold (or of no row) dropped by the
+    scatter itself (FILL_OR_DROP: an index out of the local block adds nothing), as jax.jit's
+    own partitioner emits it; no pass over the updates, no spare row."""
     dn = op.params["dimension_numbers"]
     v = op.outputs[0]
-    owned = None
     cols = []
     for k, d in enumerate(dn.scatter_dims_to_operand_dims):
         i = idx[..., k]
         if d in sharded:
             i = i - ctx.offset(op.inputs[0].shape[d], plan.operands[0][d]).astype(i.dtype)
-            mine = (i >= 0) & (i < x.shape[d])
-            owned = mine if owned is None else owned & mine
-            i = jnp.clip(i, 0, x.shape[d] - 1)
         cols.append(i)
-    idx = jnp.stack(cols, axis=-1)
-    upd = upd.astype(x.dtype)
-    ident = dtypes.additive_identity(x.dtype) if kind == "scatter-add" else np.zeros((), x.dtype)
-    scat_dims = tuple(d for d in range(upd.ndim) if d not in dn.update_window_dims)
-    upd = jnp.where(lax.broadcast_in_dim(owned, upd.shape, scat_dims), upd, jnp.asarray(ident, x.dtype))
+    idx = jnp.stack(cols, axis=-1) if len(cols) > 1 else cols[0][..., None]
     scat = lax.scatter_add if kind == "scatter-add" else lax.scatter_sub
-    out = scat(x, idx, upd, dn, indices_are_sorted=False, unique_indices=False, mode=lax.GatherScatterMode.CLIP)
+    out = scat(x, idx, upd.astype(x.dtype), dn, indices_are_sorted=False, unique_indices=False,
+               mode=lax.GatherScatterMode.FILL_OR_DROP)
     if partial is not None:
         ctx.note(f"{op.prim}: each device adds its own updates (partial sums over {ctx.fine.label(partial.axes)}) "
                  f"into the rows it holds")

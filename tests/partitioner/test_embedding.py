@@ -184,3 +184,51 @@ def test_scatter_add_of_uneven_sharded_updates(data):
     ids = (rand((b,), np.int32, 2, low=0, high=n) % n).astype(np.int32)
     f = gp.spmd(fn, mesh, in_shardings=(s_ids,), out_shardings=s_out)
     _same_bits(f(ids), fn(ids))
+
+
+SCATTER_MODES = {
+    "drop": lambda t, i, u: jnp.asarray(t).at[i].add(u),  # jnp's default: out-of-range updates dropped
+    "clip": lambda t, i, u: jnp.asarray(t).at[i].add(u, mode="clip"),
+    "promise": lambda t, i, u: jnp.asarray(t).at[i].add(u, mode="promise_in_bounds"),
+    "sub": lambda t, i, u: jax.lax.scatter_sub(jnp.asarray(t), i[:, None], u, jax.lax.ScatterDimensionNumbers(
+        (1,), (0,), (0,)), mode="drop"),
+}
+
+
+@examples(25)
+@given(st.data())
+def test_scatter_add_into_vocab_sharded_table_with_replicated_updates(data):
+    """table.at[ids].add(u), the table sharded on its (possibly uneven) vocab dim, ids and
+    updates replicated: each device adds the updates of its own rows, bit for bit as the
+    unpartitioned scatter (duplicate ids, negative and out-of-range ids as the mode says)."""
+    mesh = data.draw(meshes())
+    vocab = data.draw(st.sampled_from((3, 8, 13, 30)))
+    dim = data.draw(st.sampled_from((1, 4)))
+    n = data.draw(st.sampled_from((0, 1, 7, 20)))
+    dtype = data.draw(st.sampled_from((np.float32, jnp.bfloat16, np.float16, np.int32, np.int8)))
+    mode = data.draw(st.sampled_from(sorted(SCATTER_MODES)))
+    names = list(mesh.axis_names)
+    pick = data.draw(st.sampled_from(names + ([tuple(names[:2])] if len(names) > 1 else [])))
+    t = _table(vocab, dim, dtype)
+    if mode == "promise":  # in range (after jnp's negative wrap) or the result is undefined
+        ids = rand((n,), np.int32, 4, low=-vocab, high=vocab - 1).astype(np.int32) % vocab
+    else:  # duplicates, negative and out of range
+        ids = np.concatenate([_ids((n,), vocab), np.zeros((n > 0) * 2, np.int32)]).astype(np.int32)
+    u = rand((len(ids), dim), dtype, 5)
+    fn = SCATTER_MODES[mode]
+    f = gp.spmd(fn, mesh, in_shardings=(P(pick, None), None, None))
+    _same_bits(f(t, ids, u), fn(t, ids, u))
+
+
+def test_scatter_add_into_own_rows_drops_the_others_in_the_scatter():
+    """The vocab-sharded scatter-add shifts the ids by the device's first row and lets the
+    scatter drop the rows other devices hold (as jax.jit does): no pass over the updates
+    (a select masking them), no clamp of the local ids."""
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    fn = lambda t, i, u: t.at[i].add(u)
+    plan = gp.spmd(fn, mesh, in_shardings=(P(("x", "y"), None), None, None)).plan(
+        np.zeros((64, 8), np.float32), np.zeros((16,), np.int32), np.zeros((16, 8), np.float32))
+    text = plan.spmd_text()
+    assert "mode=GatherScatterMode.FILL_OR_DROP" in text, text
+    assert "f32[16,8] = select_n" not in text and "clamp" not in text, text  # (jnp's negative-id wrap stays)
+    assert plan.collectives == [] or all(c.bytes_per_device == 0 for c in plan.collectives), plan.collectives
