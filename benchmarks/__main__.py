@@ -13,6 +13,9 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``loops``: a scanned stack vs the same layers unrolled (collectives per iteration, per call);
   gp.pipeline vs data parallelism, predicted on a GPU preset
 * ``auto``: gp.auto_shard's plan against hand-written ones (predicted, measured), DenseLm on TPU v3
+* ``zoo``: gp.auto_shard on the held-out model zoo (benchmarks/zoo.py: GPT-2, T5, ViT, MoE, U-Net,
+  wide MLP under a memory limit, DLRM, scanned stack) on (2, 4) and (8,), against every hand plan
+  an expert writes, measured interleaved (``auto_zoo.md``; ``--quick``: 4 models, 7 samples)
 * ``hw``: collectives shaped for the hardware: predicted gains on GPU/TPU presets, the
   DenseLm layer, mesh placements ranked, measured on 8 CPU devices (``hw.md``)
 * ``cost``: the cost model's predicted vs measured step times of 15 shardings, Spearman and
@@ -38,7 +41,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "loops", "hw", "cost", "denselm", "ops")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "zoo", "loops", "hw", "cost", "denselm", "ops")
 
 
 def _machine() -> str:
@@ -134,6 +137,11 @@ def main(argv=None) -> int:
         from . import auto
 
         files["auto.md"] = header + auto.run(q)
+
+    if "zoo" in only:
+        from . import zoo
+
+        files["auto_zoo.md"] = header + zoo.run(q)
 
     if "hw" in only:
         from . import hardware
