@@ -33,7 +33,7 @@ from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
 from . import axes as ax
-from .projection import INF, Projection, TensorState, project_cached, record_key
+from .projection import INF, Projection, TensorState, project_key, record_key
 
 
 @attrs.frozen
@@ -88,7 +88,8 @@ class Propagation:
         # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
         # are all open has nothing to offer, so a fresh run starts with every op clean
         self._dirty = [False] * len(self.ops)
-        self._ts: dict[int, TensorState] = {}  # value id -> its TensorState while unchanged
+        self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
+        self._ts: dict[int, tuple] = {}  # value id -> its (axes, priorities, size) while unchanged
         self._forward_done = [True] * len(self.ops)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
@@ -100,7 +101,7 @@ class Propagation:
         fresh.graph, fresh.mesh, fresh.seeds = self.graph, self.mesh, list(seeds)
         fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
-        fresh._near = self._near
+        fresh._near, fresh._levels = self._near, self._levels
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
         fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
         fresh._dirty = [False] * len(self.ops)
@@ -117,7 +118,7 @@ class Propagation:
         ext = Propagation.__new__(Propagation)
         ext.graph, ext.mesh, ext.seeds = self.graph, self.mesh, self.seeds + list(seeds)
         ext.values, ext.ops, ext.rules = self.values, self.ops, self.rules
-        ext.tensors, ext.op_by_id, ext._near = self.tensors, self.op_by_id, self._near
+        ext.tensors, ext.op_by_id, ext._near, ext._levels = self.tensors, self.op_by_id, self._near, self._levels
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
         ext._dirty = [False] * len(self.ops)
@@ -169,9 +170,13 @@ class Propagation:
         return rule.forward_level is not None and level >= rule.forward_level and not self._forward_done[i]
 
     def _at_level(self, level: int) -> list[tuple[int, Optional[int]]]:
-        """(op index, forward level) of the ops that speak at ``level``, in program order."""
-        rules = [self.rules[op.id] for op in self.ops]
-        return [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+        """(op index, forward level) of the ops that speak at ``level``, in program order
+        (computed once per graph and level)."""
+        got = self._levels.get(level)
+        if got is None:
+            rules = [self.rules[op.id] for op in self.ops]
+            got = self._levels[level] = [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+        return got
 
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
@@ -203,23 +208,29 @@ class Propagation:
 
     # -- one op -------------------------------------------------------------
     def tensor_states(self, op: Op) -> list[TensorState]:
+        return [TensorState(axes, prios, size, v.id) for v, (axes, prios, size) in
+                zip(self.tensors[op.id], self._keys(op))]
+
+    def _keys(self, op: Op) -> tuple:
+        """Per tensor of ``op``: (axes per dim, priority per dim, size), the key the
+        projection is memoised on; cached per value while it is unchanged."""
         out = []
-        cache = self._ts
+        cache, state = self._ts, self.state
         for v in self.tensors[op.id]:
-            ts = cache.get(v.id)
-            if ts is None:
-                st = self.state[v.id]
-                ts = cache[v.id] = TensorState(tuple(s.axes for s in st), tuple(s.prio for s in st), v.size, v.id)
-            out.append(ts)
-        return out
+            k = cache.get(v.id)
+            if k is None:
+                st = state[v.id]
+                k = cache[v.id] = (tuple(s.axes for s in st), tuple(s.prio for s in st), v.size)
+            out.append(k)
+        return tuple(out)
 
     def _apply(self, op: Op, rule: OpRule, forward: bool) -> list[int]:
         tensors = self.tensors[op.id]
-        states = self.tensor_states(op)
-        if not any(a for st in states for a in st.axes):
+        keys = self._keys(op)
+        if not any(a for k in keys for a in k[0]):
             return []
-        final, source, projected = project_cached(self.mesh, rule, states)
-        if not final or all(p == st.axes for p, st in zip(projected, states)):
+        final, source, projected = project_key(self.mesh, rule, keys)
+        if not final or all(p == k[0] for p, k in zip(projected, keys)):
             return []  # (most visits: the projection is what the tensors already hold)
         source = dict(source)
         mesh = self.mesh
@@ -235,12 +246,8 @@ class Propagation:
                     continue
                 if rule.factors[fs[0]].kind == NEED_REPLICATION and not rule.factors[fs[0]].carried:
                     continue
-                n_old = len(ax.atoms(mesh, st[d].axes))
-                if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
-                    continue
-                others = [a for e, s in enumerate(st) if e != d for a in s.axes]
-                new = ax.truncate_at_overlap(mesh, new, others)
-                if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
+                new = ax.grown(mesh, st[d].axes, new, tuple(a for e, s in enumerate(st) if e != d for a in s.axes))
+                if new is None:
                     continue
                 srcs = [source[f] for f in fs if f in source]
                 prio, src_t = next((x for x in srcs if tensors[x[1]].id != v.id), srcs[0])
@@ -251,17 +258,9 @@ class Propagation:
 
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
-        keys: dict[int, tuple] = {}  # value id -> (axes, priorities, size)
-        state, values = self.state, self.values
+        mesh, rules, projections = self.mesh, self.rules, self.projections
         for op in (self.ops if which is None else [self.ops[i] for i in which]):
-            key = []
-            for v in self.tensors[op.id]:
-                k = keys.get(v.id)
-                if k is None:
-                    st = state[v.id]
-                    k = keys[v.id] = (tuple(s.axes for s in st), tuple(s.prio for s in st), values[v.id].size)
-                key.append(k)
-            self.projections[op.id] = record_key(self.mesh, self.rules[op.id], tuple(key))
+            projections[op.id] = record_key(mesh, rules[op.id], self._keys(op))
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:

@@ -171,6 +171,8 @@ class _Search:
         self.screen = SCREEN if screen is None else screen
         self.tables = None
         self.skipped: dict = {}  # reason -> candidates skipped for it
+        self._decided: dict = {}  # state -> decisions (memo)
+        self._seeds: dict = {}  # canonical state -> its seeds (memo)
         if self.screen:
             try:
                 self.tables = CostTables(ctx.graph, ctx.mesh, hw)
@@ -191,7 +193,16 @@ class _Search:
         return tuple(sorted(set(state), key=lambda x: (x[0], x[1], order[x[2]])))
 
     def decisions(self, state) -> Optional[dict]:
-        """value id -> dims for the state's actions, or None when one is illegal."""
+        """value id -> dims for the state's actions, or None when one is illegal (memoised by
+        the canonical state: legality and seeds ask for the same states many times; callers
+        never write into the answer)."""
+        state = tuple(state)
+        if state in self._decided:
+            return self._decided[state]
+        got = self._decided[state] = self._decisions(state)
+        return got
+
+    def _decisions(self, state) -> Optional[dict]:
         out: dict = {}
         ctx = self.ctx
         for c, d, a in state:
@@ -266,7 +277,10 @@ class _Search:
         return got
 
     def seeds(self, state) -> list:
-        return self.ctx.seeds(self.decisions(state), origin=self.who)
+        got = self._seeds.get(state)
+        if got is None:
+            got = self._seeds[state] = self.ctx.seeds(self.decisions(state), origin=self.who)
+        return got
 
     def rank(self, states) -> list:
         """``states`` (canonical, legal; repeats dropped) ordered by the cost tables' score
@@ -487,11 +501,12 @@ class _Search:
             if len(top) == 5:
                 break
         base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
-        return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
+        copy = lambda d: {vid: [list(x) for x in dims] for vid, dims in d.items()}
+        return SearchResult(copy(self.decisions(best.actions)), best, tuple(top), base, len(self.memo),
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
                             self.memory_limit, tuple(self.classes), self.screened,
                             tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
-                            self.max_evaluations, tuple(self.decisions(c.actions) for c in top))
+                            self.max_evaluations, tuple(copy(self.decisions(c.actions)) for c in top))
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,
