@@ -65,6 +65,52 @@ def op_tensors(op: Op) -> list[Value]:
     return list(op.inputs) + list(op.outputs) + region_values(op)
 
 
+class _Memo:
+    """Per graph (shared by every Propagation ``with_seeds`` / ``extend`` makes): each distinct
+    tensor key (axes per dim, priority per dim, size) interned as a small int, and the pure
+    functions of (rule, keys) propagation asks at every visit memoised on (rule number, ints):
+    a dictionary lookup of a short int tuple instead of hashing the nested shardings."""
+
+    def __init__(self, ops: Sequence[Op], rules: dict):
+        self._ids: dict[tuple, int] = {}
+        self.keys: list[tuple] = []  # int -> key
+        numbers: dict[int, int] = {}  # id(rule) -> its number (the rules dict keeps them alive)
+        self.rule_no = {op.id: numbers.setdefault(id(rules[op.id]), len(numbers)) for op in ops}
+        self._project: dict[tuple, Optional[tuple]] = {}
+        self._record: dict[tuple, Projection] = {}
+
+    def intern(self, key: tuple) -> int:
+        k = self._ids.get(key)
+        if k is None:
+            k = self._ids[key] = len(self.keys)
+            self.keys.append(key)
+        return k
+
+    def project(self, mesh: Mesh, op_id: int, rule: OpRule, kids: tuple) -> Optional[tuple]:
+        """``project_key`` of the op's tensors, or None when it has nothing to offer (no tensor
+        has axes, no factor takes any, or every tensor already holds its projection)."""
+        mk = (self.rule_no[op_id], kids)
+        try:
+            return self._project[mk]
+        except KeyError:
+            pass
+        keys = tuple(self.keys[k] for k in kids)
+        got = None
+        if any(a for k in keys for a in k[0]):
+            final, source, projected = project_key(mesh, rule, keys)
+            if final and not all(p == k[0] for p, k in zip(projected, keys)):
+                got = (final, source, projected)
+        self._project[mk] = got
+        return got
+
+    def record(self, mesh: Mesh, op_id: int, rule: OpRule, kids: tuple) -> Projection:
+        mk = (self.rule_no[op_id], kids)
+        got = self._record.get(mk)
+        if got is None:
+            got = self._record[mk] = record_key(mesh, rule, tuple(self.keys[k] for k in kids))
+        return got
+
+
 class Propagation:
     def __init__(self, graph: Graph, mesh: Mesh, seeds: Sequence[Seed]):
         self.graph, self.mesh, self.seeds = graph, mesh, list(seeds)
@@ -89,7 +135,8 @@ class Propagation:
         # are all open has nothing to offer, so a fresh run starts with every op clean
         self._dirty = [False] * len(self.ops)
         self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
-        self._ts: dict[int, tuple] = {}  # value id -> its (axes, priorities, size) while unchanged
+        self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
+        self._ts: dict[int, int] = {}  # value id -> its interned key (_Memo.intern) while unchanged
         self._forward_done = [True] * len(self.ops)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
@@ -101,7 +148,7 @@ class Propagation:
         fresh.graph, fresh.mesh, fresh.seeds = self.graph, self.mesh, list(seeds)
         fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
-        fresh._near, fresh._levels = self._near, self._levels
+        fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
         fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
         fresh._dirty = [False] * len(self.ops)
@@ -119,6 +166,7 @@ class Propagation:
         ext.graph, ext.mesh, ext.seeds = self.graph, self.mesh, self.seeds + list(seeds)
         ext.values, ext.ops, ext.rules = self.values, self.ops, self.rules
         ext.tensors, ext.op_by_id, ext._near, ext._levels = self.tensors, self.op_by_id, self._near, self._levels
+        ext._memo = self._memo
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
         ext._dirty = [False] * len(self.ops)
@@ -208,30 +256,28 @@ class Propagation:
 
     # -- one op -------------------------------------------------------------
     def tensor_states(self, op: Op) -> list[TensorState]:
-        return [TensorState(axes, prios, size, v.id) for v, (axes, prios, size) in
-                zip(self.tensors[op.id], self._keys(op))]
+        keys = self._memo.keys
+        return [TensorState(*keys[k], v.id) for v, k in zip(self.tensors[op.id], self._kids(op))]
 
-    def _keys(self, op: Op) -> tuple:
-        """Per tensor of ``op``: (axes per dim, priority per dim, size), the key the
-        projection is memoised on; cached per value while it is unchanged."""
+    def _kids(self, op: Op) -> tuple:
+        """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
+        dim, size), cached per value while it is unchanged."""
         out = []
-        cache, state = self._ts, self.state
+        cache, state, intern = self._ts, self.state, self._memo.intern
         for v in self.tensors[op.id]:
             k = cache.get(v.id)
             if k is None:
                 st = state[v.id]
-                k = cache[v.id] = (tuple(s.axes for s in st), tuple(s.prio for s in st), v.size)
+                k = cache[v.id] = intern((tuple(s.axes for s in st), tuple(s.prio for s in st), v.size))
             out.append(k)
         return tuple(out)
 
     def _apply(self, op: Op, rule: OpRule, forward: bool) -> list[int]:
         tensors = self.tensors[op.id]
-        keys = self._keys(op)
-        if not any(a for k in keys for a in k[0]):
-            return []
-        final, source, projected = project_key(self.mesh, rule, keys)
-        if not final or all(p == k[0] for p, k in zip(projected, keys)):
-            return []  # (most visits: the projection is what the tensors already hold)
+        got = self._memo.project(self.mesh, op.id, rule, self._kids(op))
+        if got is None:
+            return []  # (most visits: no axes, or the projection is what the tensors already hold)
+        final, source, projected = got
         source = dict(source)
         mesh = self.mesh
         n_in = len(op.inputs)
@@ -258,9 +304,9 @@ class Propagation:
 
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
-        mesh, rules, projections = self.mesh, self.rules, self.projections
+        mesh, rules, projections, memo = self.mesh, self.rules, self.projections, self._memo
         for op in (self.ops if which is None else [self.ops[i] for i in which]):
-            projections[op.id] = record_key(mesh, rules[op.id], self._keys(op))
+            projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._kids(op))
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:
