@@ -137,6 +137,7 @@ class Propagation:
         self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
         self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
         self._ts: dict[int, int] = {}  # value id -> its interned key (_Memo.intern) while unchanged
+        self._opk: dict[int, tuple] = {}  # op index -> its tensors' interned keys while unchanged
         self._forward_done = [True] * len(self.ops)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
@@ -150,7 +151,7 @@ class Propagation:
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
         fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
-        fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
+        fresh.origin, fresh.projections, fresh._ts, fresh._opk = {}, {}, {}, {}
         fresh._dirty = [False] * len(self.ops)
         fresh._forward_done = [True] * len(self.ops)
         fresh._touched = None
@@ -169,6 +170,7 @@ class Propagation:
         ext._memo = self._memo
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
+        ext._opk = dict(self._opk)
         ext._dirty = [False] * len(self.ops)
         ext._forward_done = [True] * len(self.ops)
         ext._touched = set()
@@ -205,9 +207,11 @@ class Propagation:
         self._ts.pop(vid, None)
         if self._touched is not None:
             self._touched.add(vid)
+        opk = self._opk
         for i in self._near.get(vid, ()):
             self._dirty[i] = True
             self._forward_done[i] = False
+            opk.pop(i, None)
 
     def _wants(self, i: int, level: int) -> bool:
         rule = self.rules[self.ops[i].id]
@@ -249,7 +253,7 @@ class Propagation:
         forward = rule.forward_level is None or level >= rule.forward_level
         self._dirty[i] = False
         self._forward_done[i] = forward
-        changed_values = self._apply(op, rule, forward)
+        changed_values = self._apply(op, rule, forward, i)
         for vid in changed_values:
             self._touch(vid)
         return bool(changed_values)
@@ -258,6 +262,13 @@ class Propagation:
     def tensor_states(self, op: Op) -> list[TensorState]:
         keys = self._memo.keys
         return [TensorState(*keys[k], v.id) for v, k in zip(self.tensors[op.id], self._kids(op))]
+
+    def _op_kids(self, i: int) -> tuple:
+        """``_kids`` of the op at index ``i``, cached while none of its tensors changes."""
+        got = self._opk.get(i)
+        if got is None:
+            got = self._opk[i] = self._kids(self.ops[i])
+        return got
 
     def _kids(self, op: Op) -> tuple:
         """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
@@ -272,9 +283,9 @@ class Propagation:
             out.append(k)
         return tuple(out)
 
-    def _apply(self, op: Op, rule: OpRule, forward: bool) -> list[int]:
+    def _apply(self, op: Op, rule: OpRule, forward: bool, i: int) -> list[int]:
         tensors = self.tensors[op.id]
-        got = self._memo.project(self.mesh, op.id, rule, self._kids(op))
+        got = self._memo.project(self.mesh, op.id, rule, self._op_kids(i))
         if got is None:
             return []  # (most visits: no axes, or the projection is what the tensors already hold)
         final, source, projected = got
@@ -305,8 +316,10 @@ class Propagation:
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
         mesh, rules, projections, memo = self.mesh, self.rules, self.projections, self._memo
-        for op in (self.ops if which is None else [self.ops[i] for i in which]):
-            projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._kids(op))
+        ops = self.ops
+        for i in (range(len(ops)) if which is None else which):
+            op = ops[i]
+            projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._op_kids(i))
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:

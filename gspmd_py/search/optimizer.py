@@ -173,6 +173,7 @@ class _Search:
         self.skipped: dict = {}  # reason -> candidates skipped for it
         self._decided: dict = {}  # state -> decisions (memo)
         self._seeds: dict = {}  # canonical state -> its seeds (memo)
+        self._cvals: dict = {}  # class index -> _class_values (memo)
         if self.screen:
             try:
                 self.tables = CostTables(ctx.graph, ctx.mesh, hw)
@@ -207,14 +208,24 @@ class _Search:
         ctx = self.ctx
         for c, d, a in state:
             ref = self.refs[a]
-            for vid in self.classes[c].values:
-                v = ctx.value(vid)
-                mine = out.setdefault(vid, [[] for _ in v.shape])
-                cur = [x + y for x, y in zip(ctx.dims(v), mine)]
+            for vid, v, base in self._class_values(c):
+                mine = out.get(vid)
+                if mine is None:
+                    mine = out[vid] = [[] for _ in v.shape]
+                cur = [x + y for x, y in zip(base, mine)]
                 if not ctx.can_add(v, d, ref, cur):
                     return None
                 mine[d].append(ref)
         return out
+
+    def _class_values(self, c: int) -> list:
+        """(value id, value, its dims decided before the search) per value of class ``c``
+        (the context's decisions do not change during a search)."""
+        got = self._cvals.get(c)
+        if got is None:
+            ctx = self.ctx
+            got = self._cvals[c] = [(vid, ctx.value(vid), ctx.dims(ctx.value(vid))) for vid in self.classes[c].values]
+        return got
 
     def legal(self, state, action) -> bool:
         return action not in state and self.decisions(self.canon(state + (action,))) is not None
