@@ -78,6 +78,7 @@ class _Memo:
         self.rule_no = {op.id: numbers.setdefault(id(rules[op.id]), len(numbers)) for op in ops}
         self._project: dict[tuple, Optional[tuple]] = {}
         self._record: dict[tuple, Projection] = {}
+        self.open: Optional[tuple[dict, dict]] = None  # (value id -> key, op index -> keys) with every dim open
 
     def intern(self, key: tuple) -> int:
         k = self._ids.get(key)
@@ -136,10 +137,19 @@ class Propagation:
         self._dirty = [False] * len(self.ops)
         self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
         self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
-        self._ts: dict[int, int] = {}  # value id -> its interned key (_Memo.intern) while unchanged
-        self._opk: dict[int, tuple] = {}  # op index -> its tensors' interned keys while unchanged
+        # value id -> its interned key (_Memo.intern), op index -> its tensors' keys, while unchanged
+        self._ts, self._opk = self._open_keys()
         self._forward_done = [True] * len(self.ops)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
+
+    def _open_keys(self) -> tuple[dict, dict]:
+        """Fresh copies of the key caches of a run's start (every dim open), made once per graph."""
+        m = self._memo
+        if m.open is None:
+            ts = {vid: m.intern((((),) * len(v.shape), (INF,) * len(v.shape), v.size))
+                  for vid, v in self.values.items()}
+            m.open = ts, {i: tuple(ts[v.id] for v in self.tensors[op.id]) for i, op in enumerate(self.ops)}
+        return dict(m.open[0]), dict(m.open[1])
 
     def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
         """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
@@ -151,7 +161,8 @@ class Propagation:
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
         fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
-        fresh.origin, fresh.projections, fresh._ts, fresh._opk = {}, {}, {}, {}
+        fresh.origin, fresh.projections = {}, {}
+        fresh._ts, fresh._opk = fresh._open_keys()
         fresh._dirty = [False] * len(self.ops)
         fresh._forward_done = [True] * len(self.ops)
         fresh._touched = None
@@ -323,6 +334,9 @@ class Propagation:
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:
+        k = self._ts.get(v.id)
+        if k is not None:  # (the cached key of an unchanged value: its axes per dim)
+            return self._memo.keys[k][0]
         st = self.state.get(v.id)
         return tuple(s.axes for s in st) if st else ((),) * v.rank
 

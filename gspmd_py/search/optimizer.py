@@ -212,19 +212,24 @@ class _Search:
                 mine = out.get(vid)
                 if mine is None:
                     mine = out[vid] = [[] for _ in v.shape]
-                cur = [x + y for x, y in zip(base, mine)]
+                cur = mine if base is None else [x + y for x, y in zip(base, mine)]
                 if not ctx.can_add(v, d, ref, cur):
                     return None
                 mine[d].append(ref)
         return out
 
     def _class_values(self, c: int) -> list:
-        """(value id, value, its dims decided before the search) per value of class ``c``
+        """(value id, value, its dims decided before the search, None when none is) per value of class ``c``
         (the context's decisions do not change during a search)."""
         got = self._cvals.get(c)
         if got is None:
             ctx = self.ctx
-            got = self._cvals[c] = [(vid, ctx.value(vid), ctx.dims(ctx.value(vid))) for vid in self.classes[c].values]
+            got = []
+            for vid in self.classes[c].values:
+                v = ctx.value(vid)
+                base = ctx.dims(v)
+                got.append((vid, v, base if any(base) else None))  # None: nothing decided before
+            self._cvals[c] = got
         return got
 
     def legal(self, state, action) -> bool:
