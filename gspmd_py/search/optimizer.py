@@ -39,9 +39,31 @@ last ``KEEP_PROPAGATIONS``, for pricing). Measured, interleaved, on this shared 
 (h100-node preset, (2, 4) mesh, benchmarks' small dims; before -> after, same plans and
 candidates): a transformer block's step 34 / 24 / 13 s -> 8.9 / 6.8 / 3.3 s (2.0-2.3 s when
 the machine is quieter); a 32-layer scanned stack 19.8 / 17.3 / 8.3 s -> 14.7 / 12.8 / 5.3 s;
-24 unrolled blocks 153 s -> 106 s. What is left is mostly the traced pricer (building each
-priced candidate's per-device program) and, on deep unrolled programs, propagation and the
-tables' indices over every op.
+24 unrolled blocks 153 s -> 106 s.
+
+Speed, same results (2), from a profile of the 24 unrolled blocks' search (cProfile): the
+decisions and seeds of a state are memoised (legality asked them ~10^6 times per class value);
+propagation interns each value's key (axes, priorities, size) per graph, memoises each visit's
+projection and each record on (rule number, interned keys), keeps each op's keys until one of
+its tensors changes and starts a run from the per-graph keys of the all-open state
+(propagation/engine.py's ``_Memo``; a dim's growth memoised in axes.grown); the tables reuse a
+compute term's row for a projection object met before; the combiner's cycle check tests group
+dependency bitsets and walks once per collective (program/combine.py); the pricer builds the
+largest buffers' texts only for the sizes that reach the top. Plans, predicted steps, the best
+five candidates and the counts of candidates, programs and ranked states are the same on
+tests/models.py's and benchmarks/programs.py's reference programs (h100-node and calibrated)
+and on the deep programs below (tests/search/test_search_speed.py: the shared memo gives a
+fresh run's projections; the combiner merges what the member-by-member walk did). Measured
+interleaved (before, after, one after the other per program) on this shared 2-core machine
+(load average 10-13: wall time was 2-4x the process's CPU time, so both are given), (2, 4)
+mesh, benchmarks' small dims, CPU seconds (wall): calibrated hardware: a transformer block's
+step 2.83 (11.3) -> 1.83 (7.6); the scanned 24-layer stack 4.61 (20.4) -> 3.77 (13.8); a
+scanned 32-layer stack 4.67 (19.6) -> 3.85 (16.1); 24 unrolled blocks 61.1 (192) -> 34.6
+(126); h100-node (without the all-open key caches and the buffers' texts): a block 1.95
+(3.0) -> 1.33 (2.0), 24 unrolled blocks 76.1 (233) -> 42.5 (133). What is left on the unrolled blocks (cProfile): about 60% the traced pricer (per priced
+candidate: tracing the partitioned program, the combiner's second trace, the cost model),
+25% propagation's visits (about 7,000 per run, one per op reached), the rest the tables and
+the search's bookkeeping; pricing from projections (no trace) is the next step.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
