@@ -60,10 +60,11 @@ mesh, benchmarks' small dims, CPU seconds (wall): calibrated hardware: a transfo
 step 2.83 (11.3) -> 1.83 (7.6); the scanned 24-layer stack 4.61 (20.4) -> 3.77 (13.8); a
 scanned 32-layer stack 4.67 (19.6) -> 3.85 (16.1); 24 unrolled blocks 61.1 (192) -> 34.6
 (126); h100-node (without the all-open key caches and the buffers' texts): a block 1.95
-(3.0) -> 1.33 (2.0), 24 unrolled blocks 76.1 (233) -> 42.5 (133). What is left on the unrolled blocks (cProfile): about 60% the traced pricer (per priced
-candidate: tracing the partitioned program, the combiner's second trace, the cost model),
-25% propagation's visits (about 7,000 per run, one per op reached), the rest the tables and
-the search's bookkeeping; pricing from projections (no trace) is the next step.
+(3.0) -> 1.33 (2.0), 24 unrolled blocks 76.1 (233) -> 42.5 (133). What is left on the
+unrolled blocks (cProfile): about 60% the traced pricer (per priced candidate: tracing the
+partitioned program, the combiner's second trace, the cost model), 25% propagation's visits
+(about 7,000 per run, one per op reached), the rest the tables and the search's bookkeeping;
+pricing from projections (no trace) is the next step.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
