@@ -54,17 +54,16 @@ five candidates and the counts of candidates, programs and ranked states are the
 tests/models.py's and benchmarks/programs.py's reference programs (h100-node and calibrated)
 and on the deep programs below (tests/search/test_search_speed.py: the shared memo gives a
 fresh run's projections; the combiner merges what the member-by-member walk did). Measured
-interleaved (before, after, one after the other per program) on this shared 2-core machine
-(load average 10-13: wall time was 2-4x the process's CPU time, so both are given), (2, 4)
-mesh, benchmarks' small dims, CPU seconds (wall): calibrated hardware: a transformer block's
-step 2.83 (11.3) -> 1.83 (7.6); the scanned 24-layer stack 4.61 (20.4) -> 3.77 (13.8); a
-scanned 32-layer stack 4.67 (19.6) -> 3.85 (16.1); 24 unrolled blocks 61.1 (192) -> 34.6
-(126); h100-node (without the all-open key caches and the buffers' texts): a block 1.95
-(3.0) -> 1.33 (2.0), 24 unrolled blocks 76.1 (233) -> 42.5 (133). What is left on the
-unrolled blocks (cProfile): about 60% the traced pricer (per priced candidate: tracing the
-partitioned program, the combiner's second trace, the cost model), 25% propagation's visits
-(about 7,000 per run, one per op reached), the rest the tables and the search's bookkeeping;
-pricing from projections (no trace) is the next step.
+interleaved (before, after, one after the other per program) on this 2-core machine while it
+was quiet (wall = CPU time; load average 1-4), (2, 4) mesh, benchmarks' small dims, seconds:
+calibrated hardware: a transformer block's step 2.42 -> 1.57; the scanned 24-layer stack 4.21
+-> 3.27; a scanned 32-layer stack 4.19 -> 3.23; 24 unrolled blocks 56.4 -> 29.9; h100-node: a
+block 1.98 -> 1.20, 24 unrolled blocks 72.9 -> 35.3 (under load average 10-13 the same
+searches took 2-4x as long in wall time). What is left on the unrolled blocks (cProfile):
+about 60% the traced pricer (per priced candidate: tracing the partitioned program, the
+combiner's second trace, the cost model), 25% propagation's visits (about 7,000 per run, one
+per op reached), the rest the tables and the search's bookkeeping; pricing from projections
+(no trace) is the next step.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
