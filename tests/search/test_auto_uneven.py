@@ -160,3 +160,38 @@ def test_megatron_offered_with_and_without_uneven_splits():
     assert base["Megatron (m)"].text == "arg1 dim 1 on m; arg2 dim 0 on m", base["Megatron (m)"].text
     assert base["Megatron (m) (even splits)"].text == "arg2 dim 1 on m", base.keys()
     assert res.cost.step_s <= min(c.price.step_s for c in base.values())
+
+
+@pytest.mark.slow
+def test_runners_up_climbs_beat_the_local_optimum_of_the_best_start(monkeypatch):
+    """A GPT-2-like step with a vocab and head count 8 does not divide: the best start state's
+    climb ends on a local optimum; climbing from the runners-up (other plan families) finds
+    a faster plan (optimizer.runners_up)."""
+    from gspmd_py.search import optimizer
+
+    V, D, NH, K, F, B, T = 50257, 768, 12, 64, 3072, 12, 128
+
+    def loss(p, ids, tgt):
+        x = jnp.take(p["wte"], ids, axis=0)
+        h = x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+        q, k, v = (jnp.einsum("btd,dhk->bthk", h, p[n]) for n in ("wq", "wk", "wv"))
+        a = jax.nn.softmax(jnp.einsum("bthk,bshk->bhts", q, k) / 8.0, -1)
+        x = x + jnp.einsum("bthk,hkd->btd", jnp.einsum("bhts,bshk->bthk", a, v), p["wo"])
+        x = x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+        logp = jax.nn.log_softmax(x @ p["wte"].T)
+        return -jnp.mean(jnp.take_along_axis(logp, tgt[..., None], -1))
+
+    def step(p, ids, tgt):
+        return jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, p, jax.grad(loss)(p, ids, tgt))
+
+    S = jax.ShapeDtypeStruct
+    p = {"wte": S((V, D), jnp.float32), "wq": S((D, NH, K), jnp.float32), "wk": S((D, NH, K), jnp.float32),
+         "wv": S((D, NH, K), jnp.float32), "wo": S((NH, K, D), jnp.float32), "w1": S((D, F), jnp.float32),
+         "w2": S((F, D), jnp.float32)}
+    ids = S((B, T), jnp.int32)
+    mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
+    hw = gp.Hardware.preset("h100-node")
+    with_runners = gp.auto_shard(step, mesh, p, ids, ids, hardware=hw).cost.step_s
+    monkeypatch.setattr(optimizer, "RUNNERS_UP", 0)
+    without = gp.auto_shard(step, mesh, p, ids, ids, hardware=hw).cost.step_s
+    assert with_runners < without * 0.99  # 1.488 vs 1.531 ms when written
