@@ -63,7 +63,7 @@ def reduce_at_fork(ctx, graph: Graph, inputs: Sequence, keep: frozenset = frozen
     """The ids of values of ``graph`` (op results) to reduce where they are made.
 
     ``inputs``: the graph's partitioned inputs (their partials and layouts); ``keep``: output ids
-    that may leave partial (run_graph's). Decided root first: once a fork is reduced its
+    that may leave partial (run_graph's: a loop's accumulator, never forced). Decided root first: once a fork is reduced its
     descendants are no longer partial, so the pass is repeated until nothing changes."""
     if not any(getattr(p, "partial", None) is not None for p in inputs) and not any(
             ctx.plans[op.id].partial is not None for op in graph.ops if op.id in ctx.plans):
@@ -71,7 +71,7 @@ def reduce_at_fork(ctx, graph: Graph, inputs: Sequence, keep: frozenset = frozen
     forced: set = set()
     for _ in range(len(graph.ops) + 1):
         flow = _simulate(ctx, graph, inputs, keep, forced)
-        new = _roots(flow, _candidates(ctx, flow))
+        new = _roots(flow, _candidates(ctx, flow) - set(keep))
         if not new:
             break
         forced |= new
