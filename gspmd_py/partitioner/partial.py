@@ -22,6 +22,10 @@ Not mul or div by a value computed at run time (c * (a1 + a2) != c*a1 + c*a2 whe
 inf and a2 is 0), not dot (the same 0 * inf), not a narrowing convert (float16 sums
 overflow), not reduce_precision. Those reduce first.
 
+Where a partial that forks is reduced: a value whose uses would each reduce it (directly or
+after carrying it) is reduced once where it is made, when that costs less (fork.py's look-ahead
+over the graph; an Adam step's gradient), else each branch is reduced where it ends.
+
 Given a hardware (``gp.spmd(..., hardware=hw)``), a sum over axes that span link levels is
 reduced by the cheapest program of reduce-scatters, an all-reduce and all-gathers over
 sub-groups (hierarchy.py); still one reduction of the partial, whatever its collectives.

@@ -35,7 +35,7 @@ from ..errors import PartitionWarning
 from ..ir import Graph, Op
 from ..ops.rule import NEED_REPLICATION, OpRule
 from ..propagation.projection import Projection
-from . import collective_matmul, registry
+from . import collective_matmul, fork, registry
 from .context import Ctx
 from .diagnostics import Diagnostics
 from ..fine_mesh import FineMesh
@@ -206,6 +206,8 @@ def run_graph(ctx: Ctx, graph: Graph, inputs: Sequence[PValue], keep: frozenset 
         return pv
 
     final = {v.id for v in graph.outputs} - keep  # a graph's outputs leave reduced, in their op's scope
+    # a partial that forks into several reductions is reduced once, where it is made (fork.py)
+    final |= fork.reduce_at_fork(ctx, graph, inputs, keep)
     for op in graph.ops:
         with ctx.visit(op_label(op)), jax.named_scope(op_scope(op)):
             results = partition_op(ctx, op, ctx.rules[op.id], ctx.plans[op.id], [get(v) for v in op.inputs])
