@@ -50,7 +50,7 @@ DEFAULT_THRESHOLD_BYTES = 30 * 2**20  # as XLA's GPU all-reduce combiner
 
 
 @attrs.define
-class _Group:
+class Group:
     key: tuple
     members: list[int]  # positions in the body, program order
     bits: int = 0
@@ -58,7 +58,7 @@ class _Group:
     needs: int = 0  # union of the members' dependency bitsets (what the group depends on)
 
 
-def _key(e: EqnIndex) -> Optional[tuple]:
+def collective_key(e: EqnIndex) -> Optional[tuple]:
     """What collectives must share to merge (None: this one does not merge)."""
     c = e.emitted
     if c is None or not facts_of(e.prim).combinable or c.grouped or c.operands != 1:
@@ -68,7 +68,7 @@ def _key(e: EqnIndex) -> Optional[tuple]:
     return e.prim, c.axes, c.dtype
 
 
-def _groups(body: Body, threshold: int) -> list[_Group]:
+def merge_groups(body: Body, threshold: int) -> list[Group]:
     deps: list[int] = []  # per eqn: bitset of candidate eqns it depends on (transitively)
     cand: dict[int, tuple] = {}
     for i, e in enumerate(body.entries):
@@ -76,16 +76,16 @@ def _groups(body: Body, threshold: int) -> list[_Group]:
         for j in e.deps:
             d |= deps[j] | ((1 << j) if j in cand else 0)
         deps.append(d)
-        k = _key(e)
+        k = collective_key(e)
         if k is not None:
             cand[i] = k
-    groups: list[_Group] = []
-    open_: dict[tuple, _Group] = {}
+    groups: list[Group] = []
+    open_: dict[tuple, Group] = {}
 
-    def feeds(a: _Group, b: _Group) -> bool:  # does some member of b depend on a member of a?
+    def feeds(a: Group, b: Group) -> bool:  # does some member of b depend on a member of a?
         return bool(b.needs & a.bits)
 
-    def reached(src: _Group) -> set:
+    def reached(src: Group) -> set:
         """ids of the groups reachable from ``src`` (itself included)."""
         seen, todo = {id(src)}, [src]
         while todo:
@@ -109,15 +109,15 @@ def _groups(body: Body, threshold: int) -> list[_Group]:
                 g.nbytes += n
                 g.needs |= deps[i]
                 continue
-        g = _Group(k, [i], 1 << i, n, deps[i])
+        g = Group(k, [i], 1 << i, n, deps[i])
         open_[k] = g
         groups.append(g)
     done = groups
     return [g for g in done if len(g.members) > 1]
 
 
-def _schedule(body: Body, groups: list[_Group]) -> list:
-    """Nodes (eqn position or _Group) in a stable topological order, each group at its last
+def _schedule(body: Body, groups: list[Group]) -> list:
+    """Nodes (eqn position or Group) in a stable topological order, each group at its last
     member. A node is named by its position (a group's: its last member's)."""
     at: dict[int, int] = {m: g.members[-1] for g in groups for m in g.members}
     group_of = {g.members[-1]: g for g in groups}
@@ -145,7 +145,7 @@ def _schedule(body: Body, groups: list[_Group]) -> list:
     return order
 
 
-def _run_group(body: Body, g: _Group, read: Callable):
+def _run_group(body: Body, g: Group, read: Callable):
     eqns = [body.entries[i].eqn for i in g.members]
     xs = [read(e.invars[0]) for e in eqns]
     name, axes, _ = g.key
@@ -185,7 +185,7 @@ def _split(flat, shapes):
     return outs
 
 
-def _scope(body: Body, g: _Group) -> str:
+def _scope(body: Body, g: Group) -> str:
     """The merged collective's name scope: the ops that caused its members, as the index says."""
     ids: list[int] = []
     for i in g.members:
@@ -230,7 +230,7 @@ def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict
     for v, a in zip(jaxpr.invars, args):
         env[v] = a
     for n in order:
-        if isinstance(n, _Group):
+        if isinstance(n, Group):
             with jax.named_scope(_scope(body, n)):
                 outs = _run_group(body, n, read)
             for i, o in zip(n.members, outs):
@@ -268,7 +268,7 @@ def combine(index: ProgramIndex, threshold: int = DEFAULT_THRESHOLD_BYTES,
             axis_env: Optional[list] = None) -> ClosedJaxpr:
     """The program ``index`` indexes with independent collectives merged (see the module
     docstring); ``index.program`` itself when nothing merges (threshold 0: never)."""
-    groups = {p: g for p, b in index.bodies.items() if threshold > 0 and (g := _groups(b, threshold))}
+    groups = {p: g for p, b in index.bodies.items() if threshold > 0 and (g := merge_groups(b, threshold))}
     if not groups:
         return index.program
     return _combine_body(index, index.root, groups, axis_env)

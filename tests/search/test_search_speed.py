@@ -39,14 +39,14 @@ def _seed_sets(graph, mesh):
 
 
 def _old_groups(body, threshold):
-    """combine._groups as it was: the cycle check walks groups member by member."""
+    """combine.merge_groups as it was: the cycle check walks groups member by member."""
     deps, cand = [], {}
     for i, e in enumerate(body.entries):
         d = 0
         for j in e.deps:
             d |= deps[j] | ((1 << j) if j in cand else 0)
         deps.append(d)
-        k = C._key(e)
+        k = C.collective_key(e)
         if k is not None:
             cand[i] = k
     groups, open_ = [], {}
@@ -75,7 +75,7 @@ def _old_groups(body, threshold):
             g.bits |= 1 << i
             g.nbytes += n
             continue
-        g = C._Group(k, [i], 1 << i, n)
+        g = C.Group(k, [i], 1 << i, n)
         open_[k] = g
         groups.append(g)
     return [g.members for g in groups if len(g.members) > 1]
@@ -111,6 +111,6 @@ def test_combiner_groups_equal_the_member_by_member_walk(name, fn, shapes, mesh_
             index = index_program(part.program, part.fine, graph)
         for body in index.bodies.values():
             want = _old_groups(body, threshold)
-            assert [g.members for g in C._groups(body, threshold)] == want
+            assert [g.members for g in C.merge_groups(body, threshold)] == want
             merged += len(want)
     assert merged > 0  # the check saw collectives merge
