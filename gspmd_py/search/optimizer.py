@@ -78,7 +78,8 @@ priced candidate is always propagated afresh. An extended propagation is not alw
 fresh one (about 3 in 4 are on tests/models.py's programs: a fresh run lets the new seeds
 claim dims before the base's seeds reach them at a higher op level), so the ranking, and with
 it which candidates get priced, can change: on tests/models.py's programs the plans and the
-best five candidates are the same (tests/search/test_auto_incremental.py), but on the
+best five candidates are the same without the runners-up's climbs (with them, block_grad's
+plan differs; tests/search/test_auto_incremental.py), but on the
 GSPMD paper's DenseLm layer it returns a plan predicted 0.6% slower (13.19 vs 13.11 ms on 128
 TPU v3 cores), and its gain here is within the machine's noise for a block (2.0-2.2 s either
 way) and about 1.3x for the scanned stack. Off, so that results stay those of the full search.
@@ -212,6 +213,7 @@ class _Search:
                 self.skip(e)
                 self.screen = False
         self.tscore: dict = {}  # state -> the tables' score (pre-screen)
+        self.targs: dict = {}  # state -> its arguments' local bytes (the tables' memory bound)
         self.props: collections.OrderedDict = collections.OrderedDict()  # state -> propagation (keep)
         self.exact: collections.OrderedDict = collections.OrderedDict()  # state -> fresh propagation (bases)
         self.extended = 0  # propagations extended from a base (INCREMENTAL)
@@ -361,7 +363,8 @@ class _Search:
                 self.skip(e)
                 tab = [(0.0, 0.0)] * len(todo)
             for st, (sec, nb) in zip(todo, tab):
-                fits = self.memory_limit is None or self.tables.argument_bytes(props[st]) <= self.memory_limit
+                self.targs[st] = self.tables.argument_bytes(props[st])
+                fits = self.memory_limit is None or self.targs[st] <= self.memory_limit
                 self.tscore[st] = (0, sec, nb, len(st)) if fits else (1, sec, nb, len(st))
             self.screened += len(todo)
         known = [st for st in states if st in self.tscore]
@@ -521,16 +524,22 @@ class _Search:
         """One hill-climbing round: ``moves`` (in their seeded order) go in chunks of
         SCREEN_CHUNK through the tables; in each chunk, the moves the tables predict better
         than ``cur`` are priced in the tables' order, the first that prices better wins. The
-        round gives up after SCREEN_CLIMB priced no better."""
+        round gives up after SCREEN_CLIMB priced no better. While ``cur`` is over the memory
+        limit (its priced peak: the tables bound memory by the arguments only), every move of
+        a chunk is priced, those that shrink the arguments' bytes most first."""
         acts = cur[1].actions
         states = [self.canon(acts + (a,) if kind == "add" else tuple(x for x in acts if x != a)) for kind, a in moves]
         here = self.table_score(acts)
+        over = not cur[1].fits  # over the memory limit: the tables see arguments only, not the peak
         misses = 0
         for i in range(0, len(states), SCREEN_CHUNK):
-            for st, prop in self.rank(states[i:i + SCREEN_CHUNK]):
+            ranked = self.rank(states[i:i + SCREEN_CHUNK])
+            if over:  # the moves that shrink the arguments most first, priced whatever their time
+                ranked.sort(key=lambda sp: self.targs.get(sp[0], float("inf")))
+            for st, prop in ranked:
                 if self.out_of_time() or self.work() >= self.cap:
                     return cur, False
-                if not self.tscore[st] < here:
+                if not over and not self.tscore[st] < here:
                     break
                 fresh = st not in self.memo
                 got = self.evaluate(st, prop)
