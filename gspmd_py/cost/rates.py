@@ -46,11 +46,13 @@ REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
 CONV = "conv_general_dilated"
 
 
-def conv_class(lhs_shape: Sequence[int], rhs_shape: Sequence[int], dimension_numbers) -> str:
+def conv_class(lhs_shape: Sequence[int], rhs_shape: Sequence[int], dimension_numbers,
+               rhs_dilation: Optional[Sequence[int]] = None) -> str:
     """The shape class of a conv (per device): ``"small-c/large-hw"`` etc., or a weight
     gradient's ``"wgrad/large-f"`` / ``"wgrad/small-f/<f>"`` (module docstring).
     ``dimension_numbers``: lax's ``ConvDimensionNumbers`` (lhs_spec, rhs_spec, out_spec), or
-    None for NCHW / OIHW."""
+    None for NCHW / OIHW; ``rhs_dilation``: the window's dilation (a strided conv's weight
+    gradient dilates the output gradient by the stride), None for 1."""
     if dimension_numbers is None:
         lhs_spec, rhs_spec = tuple(range(len(lhs_shape))), tuple(range(len(rhs_shape)))
     else:
@@ -60,10 +62,9 @@ def conv_class(lhs_shape: Sequence[int], rhs_shape: Sequence[int], dimension_num
     spatial = window = 1
     for d in lhs_spec[2:]:
         spatial *= lhs_shape[d]
-    for d in rhs_spec[2:]:
-        window *= rhs_shape[d]
-    # the window is an image (at least a quarter of the input's: a stride-2 conv's gradient): a weight gradient
-    if window >= 16 and 4 * window >= spatial:
+    for i, d in enumerate(rhs_spec[2:]):  # the window's extent, dilated
+        window *= (rhs_shape[d] - 1) * (rhs_dilation[i] if rhs_dilation else 1) + 1
+    if window >= 16 and 2 * window >= spatial:  # the window spans the image: a weight gradient
         if cin < WGRAD_FEATURES and spatial >= WGRAD_SPATIAL:
             return f"wgrad/small-f/{cin}"
         return "wgrad/large-f"
@@ -121,7 +122,7 @@ def op_seconds(hw, op, flops: float, nbytes: float, operand_dims) -> float:
     conv = None
     if op.prim == CONV and len(op.inputs) >= 2:
         local = [_local_shape(v.shape, dims) for v, dims in zip(op.inputs, operand_dims)]
-        conv = conv_class(local[0], local[1], op.params.get("dimension_numbers"))
+        conv = conv_class(local[0], local[1], op.params.get("dimension_numbers"), op.params.get("rhs_dilation"))
     return compute_seconds(hw, op.prim, flops, 0.0, nbytes, op.inputs[0].dtype, conv)
 
 
