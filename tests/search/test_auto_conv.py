@@ -11,7 +11,11 @@ import pytest
 from jax import lax
 
 import gspmd_py as gp
+from gspmd_py import compiler
 from gspmd_py.cost.rates import conv_class, conv_efficiency_of
+from gspmd_py.propagation import Seed
+from gspmd_py.search.price import Pricer
+from gspmd_py.search.tables import CostTables
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32
@@ -77,6 +81,26 @@ def test_model_prices_a_weight_gradient_conv_by_its_class():
     plan = gp.spmd(fn, mesh, in_shardings=(None, gp.P("m"))).plan(S((3, 3, 16, 16), f32), S((8, 64, 64, 16), f32))
     (row,) = [o for o in plan.cost(attrs.evolve(CPU, op_overhead=0.0)).ops if o.label.startswith("conv_general_dilated")]
     assert row.compute_s == pytest.approx(row.flops / (25e9 * 0.07), rel=1e-9)
+
+
+def test_tables_price_a_weight_gradient_conv_as_the_model_does():
+    """The search's cost tables class the kernel gradient at its local shapes as the model does:
+    a batch split over 8 devices leaves f = 1 (the model's row, its FLOPs at 0.07)."""
+    hw = attrs.evolve(CPU, op_overhead=0.0, mem_bandwidth=1e18)
+    mesh = gp.Mesh.abstract((8,), ("m",))
+    fn = jax.grad(lambda w, x: _conv(x, w).sum())
+    args = (S((3, 3, 16, 16), f32), S((8, 64, 64, 16), f32))
+    graph = compiler.seed(compiler.trace(jax.make_jaxpr(fn)(*args), mesh), mesh).graph
+    x = graph.inputs[1]
+    prop = Pricer(graph, mesh, hw).propagate([Seed(x, ((mesh.ref("m"),), (), (), ()), 0, "test")])
+    tables = CostTables(graph, mesh, hw)
+    idx = tables.indices(prop)
+    (t,) = [tables.table[idx[i]][0] for i, lay in enumerate(tables._layout)
+            if lay[0] == "op" and lay[1].prim == "conv_general_dilated"]
+    plan = gp.spmd(fn, mesh, in_shardings=(None, gp.P("m"))).plan(*args)
+    (row,) = [o for o in plan.cost(hw).ops if o.label.startswith("conv_general_dilated")]
+    assert row.compute_s == pytest.approx(row.flops / (25e9 * 0.07), rel=1e-9)
+    assert t == pytest.approx(row.compute_s, rel=0.05)
 
 
 def test_one_axis_spatial_start_state_for_nhwc_data():
