@@ -55,6 +55,7 @@ class _Group:
     members: list[int]  # positions in the body, program order
     bits: int = 0
     nbytes: int = 0
+    needs: int = 0  # union of the members' dependency bitsets (what the group depends on)
 
 
 def _key(e: EqnIndex) -> Optional[tuple]:
@@ -82,32 +83,33 @@ def _groups(body: Body, threshold: int) -> list[_Group]:
     open_: dict[tuple, _Group] = {}
 
     def feeds(a: _Group, b: _Group) -> bool:  # does some member of b depend on a member of a?
-        return any(deps[m] & a.bits for m in b.members)
+        return bool(b.needs & a.bits)
 
-    def reaches(src: _Group, dst: _Group) -> bool:
+    def reached(src: _Group) -> set:
+        """ids of the groups reachable from ``src`` (itself included)."""
         seen, todo = {id(src)}, [src]
         while todo:
             g = todo.pop()
-            if g is dst:
-                return True
             for h in groups:
                 if id(h) not in seen and feeds(g, h):
                     seen.add(id(h))
                     todo.append(h)
-        return False
+        return seen
 
     for i, k in cand.items():
         g = open_.get(k)
         n = body.entries[i].emitted.nbytes
         # c may join g if it depends on no member of g and merging makes no cycle between
         # merged collectives (g ->* h -> c, with c now part of g)
-        if g is not None and not (deps[i] & g.bits) and g.nbytes + n <= threshold and not any(
-                (deps[i] & h.bits) and reaches(g, h) for h in groups if h is not g):
-            g.members.append(i)
-            g.bits |= 1 << i
-            g.nbytes += n
-            continue
-        g = _Group(k, [i], 1 << i, n)
+        if g is not None and not (deps[i] & g.bits) and g.nbytes + n <= threshold:
+            near = [h for h in groups if h is not g and deps[i] & h.bits]
+            if not near or not any(id(h) in reach for reach in (reached(g),) for h in near):
+                g.members.append(i)
+                g.bits |= 1 << i
+                g.nbytes += n
+                g.needs |= deps[i]
+                continue
+        g = _Group(k, [i], 1 << i, n, deps[i])
         open_[k] = g
         groups.append(g)
     done = groups

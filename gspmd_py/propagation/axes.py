@@ -11,7 +11,7 @@ prime-sized sub-axes, major first. So ``[y]`` (y of size 4) is a prefix of
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..mesh import AxisRef, Mesh
 
@@ -54,6 +54,21 @@ def merge(mesh: Mesh, axes: Sequence[AxisRef]) -> Axes:
 def is_prefix(mesh: Mesh, a: Sequence[AxisRef], b: Sequence[AxisRef]) -> bool:
     aa, bb = _atoms(mesh, tuple(a)), _atoms(mesh, tuple(b))
     return len(aa) <= len(bb) and bb[: len(aa)] == aa
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def grown(mesh: Mesh, old: Axes, new: Axes, others: Axes) -> Optional[Axes]:
+    """What a dim sharded ``old`` takes when offered ``new`` while the tensor's other dims use
+    ``others``: ``new`` cut at its first atom overlapping ``others``, when that strictly
+    extends ``old`` (more atoms, ``old`` a prefix of it); else None. Memoised: propagation
+    asks this for the same few shardings at every op of a repeated layer."""
+    n_old = len(_atoms(mesh, tuple(old)))
+    if len(_atoms(mesh, tuple(new))) <= n_old or not is_prefix(mesh, old, new):
+        return None
+    new = truncate_at_overlap(mesh, new, others)
+    if len(_atoms(mesh, tuple(new))) <= n_old or not is_prefix(mesh, old, new):
+        return None
+    return new
 
 
 def common_prefix(mesh: Mesh, a: Sequence[AxisRef], b: Sequence[AxisRef]) -> Axes:

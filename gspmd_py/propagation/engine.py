@@ -33,7 +33,7 @@ from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
 from . import axes as ax
-from .projection import INF, Projection, TensorState, project_cached, record_key
+from .projection import INF, Projection, TensorState, project_key, record_key
 
 
 @attrs.frozen
@@ -65,6 +65,53 @@ def op_tensors(op: Op) -> list[Value]:
     return list(op.inputs) + list(op.outputs) + region_values(op)
 
 
+class _Memo:
+    """Per graph (shared by every Propagation ``with_seeds`` / ``extend`` makes): each distinct
+    tensor key (axes per dim, priority per dim, size) interned as a small int, and the pure
+    functions of (rule, keys) propagation asks at every visit memoised on (rule number, ints):
+    a dictionary lookup of a short int tuple instead of hashing the nested shardings."""
+
+    def __init__(self, ops: Sequence[Op], rules: dict):
+        self._ids: dict[tuple, int] = {}
+        self.keys: list[tuple] = []  # int -> key
+        numbers: dict[int, int] = {}  # id(rule) -> its number (the rules dict keeps them alive)
+        self.rule_no = {op.id: numbers.setdefault(id(rules[op.id]), len(numbers)) for op in ops}
+        self._project: dict[tuple, Optional[tuple]] = {}
+        self._record: dict[tuple, Projection] = {}
+        self.open: Optional[tuple[dict, dict]] = None  # (value id -> key, op index -> keys) with every dim open
+
+    def intern(self, key: tuple) -> int:
+        k = self._ids.get(key)
+        if k is None:
+            k = self._ids[key] = len(self.keys)
+            self.keys.append(key)
+        return k
+
+    def project(self, mesh: Mesh, op_id: int, rule: OpRule, kids: tuple) -> Optional[tuple]:
+        """``project_key`` of the op's tensors, or None when it has nothing to offer (no tensor
+        has axes, no factor takes any, or every tensor already holds its projection)."""
+        mk = (self.rule_no[op_id], kids)
+        try:
+            return self._project[mk]
+        except KeyError:
+            pass
+        keys = tuple(self.keys[k] for k in kids)
+        got = None
+        if any(a for k in keys for a in k[0]):
+            final, source, projected = project_key(mesh, rule, keys)
+            if final and not all(p == k[0] for p, k in zip(projected, keys)):
+                got = (final, source, projected)
+        self._project[mk] = got
+        return got
+
+    def record(self, mesh: Mesh, op_id: int, rule: OpRule, kids: tuple) -> Projection:
+        mk = (self.rule_no[op_id], kids)
+        got = self._record.get(mk)
+        if got is None:
+            got = self._record[mk] = record_key(mesh, rule, tuple(self.keys[k] for k in kids))
+        return got
+
+
 class Propagation:
     def __init__(self, graph: Graph, mesh: Mesh, seeds: Sequence[Seed]):
         self.graph, self.mesh, self.seeds = graph, mesh, list(seeds)
@@ -88,9 +135,21 @@ class Propagation:
         # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
         # are all open has nothing to offer, so a fresh run starts with every op clean
         self._dirty = [False] * len(self.ops)
-        self._ts: dict[int, TensorState] = {}  # value id -> its TensorState while unchanged
+        self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
+        self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
+        # value id -> its interned key (_Memo.intern), op index -> its tensors' keys, while unchanged
+        self._ts, self._opk = self._open_keys()
         self._forward_done = [True] * len(self.ops)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
+
+    def _open_keys(self) -> tuple[dict, dict]:
+        """Fresh copies of the key caches of a run's start (every dim open), made once per graph."""
+        m = self._memo
+        if m.open is None:
+            ts = {vid: m.intern((((),) * len(v.shape), (INF,) * len(v.shape), v.size))
+                  for vid, v in self.values.items()}
+            m.open = ts, {i: tuple(ts[v.id] for v in self.tensors[op.id]) for i, op in enumerate(self.ops)}
+        return dict(m.open[0]), dict(m.open[1])
 
     def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
         """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
@@ -100,9 +159,10 @@ class Propagation:
         fresh.graph, fresh.mesh, fresh.seeds = self.graph, self.mesh, list(seeds)
         fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
-        fresh._near = self._near
+        fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
         fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
-        fresh.origin, fresh.projections, fresh._ts = {}, {}, {}
+        fresh.origin, fresh.projections = {}, {}
+        fresh._ts, fresh._opk = fresh._open_keys()
         fresh._dirty = [False] * len(self.ops)
         fresh._forward_done = [True] * len(self.ops)
         fresh._touched = None
@@ -117,9 +177,11 @@ class Propagation:
         ext = Propagation.__new__(Propagation)
         ext.graph, ext.mesh, ext.seeds = self.graph, self.mesh, self.seeds + list(seeds)
         ext.values, ext.ops, ext.rules = self.values, self.ops, self.rules
-        ext.tensors, ext.op_by_id, ext._near = self.tensors, self.op_by_id, self._near
+        ext.tensors, ext.op_by_id, ext._near, ext._levels = self.tensors, self.op_by_id, self._near, self._levels
+        ext._memo = self._memo
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
+        ext._opk = dict(self._opk)
         ext._dirty = [False] * len(self.ops)
         ext._forward_done = [True] * len(self.ops)
         ext._touched = set()
@@ -156,9 +218,11 @@ class Propagation:
         self._ts.pop(vid, None)
         if self._touched is not None:
             self._touched.add(vid)
+        opk = self._opk
         for i in self._near.get(vid, ()):
             self._dirty[i] = True
             self._forward_done[i] = False
+            opk.pop(i, None)
 
     def _wants(self, i: int, level: int) -> bool:
         rule = self.rules[self.ops[i].id]
@@ -169,9 +233,13 @@ class Propagation:
         return rule.forward_level is not None and level >= rule.forward_level and not self._forward_done[i]
 
     def _at_level(self, level: int) -> list[tuple[int, Optional[int]]]:
-        """(op index, forward level) of the ops that speak at ``level``, in program order."""
-        rules = [self.rules[op.id] for op in self.ops]
-        return [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+        """(op index, forward level) of the ops that speak at ``level``, in program order
+        (computed once per graph and level)."""
+        got = self._levels.get(level)
+        if got is None:
+            rules = [self.rules[op.id] for op in self.ops]
+            got = self._levels[level] = [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+        return got
 
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
@@ -196,31 +264,42 @@ class Propagation:
         forward = rule.forward_level is None or level >= rule.forward_level
         self._dirty[i] = False
         self._forward_done[i] = forward
-        changed_values = self._apply(op, rule, forward)
+        changed_values = self._apply(op, rule, forward, i)
         for vid in changed_values:
             self._touch(vid)
         return bool(changed_values)
 
     # -- one op -------------------------------------------------------------
     def tensor_states(self, op: Op) -> list[TensorState]:
-        out = []
-        cache = self._ts
-        for v in self.tensors[op.id]:
-            ts = cache.get(v.id)
-            if ts is None:
-                st = self.state[v.id]
-                ts = cache[v.id] = TensorState(tuple(s.axes for s in st), tuple(s.prio for s in st), v.size, v.id)
-            out.append(ts)
-        return out
+        keys = self._memo.keys
+        return [TensorState(*keys[k], v.id) for v, k in zip(self.tensors[op.id], self._kids(op))]
 
-    def _apply(self, op: Op, rule: OpRule, forward: bool) -> list[int]:
+    def _op_kids(self, i: int) -> tuple:
+        """``_kids`` of the op at index ``i``, cached while none of its tensors changes."""
+        got = self._opk.get(i)
+        if got is None:
+            got = self._opk[i] = self._kids(self.ops[i])
+        return got
+
+    def _kids(self, op: Op) -> tuple:
+        """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
+        dim, size), cached per value while it is unchanged."""
+        out = []
+        cache, state, intern = self._ts, self.state, self._memo.intern
+        for v in self.tensors[op.id]:
+            k = cache.get(v.id)
+            if k is None:
+                st = state[v.id]
+                k = cache[v.id] = intern((tuple(s.axes for s in st), tuple(s.prio for s in st), v.size))
+            out.append(k)
+        return tuple(out)
+
+    def _apply(self, op: Op, rule: OpRule, forward: bool, i: int) -> list[int]:
         tensors = self.tensors[op.id]
-        states = self.tensor_states(op)
-        if not any(a for st in states for a in st.axes):
-            return []
-        final, source, projected = project_cached(self.mesh, rule, states)
-        if not final or all(p == st.axes for p, st in zip(projected, states)):
-            return []  # (most visits: the projection is what the tensors already hold)
+        got = self._memo.project(self.mesh, op.id, rule, self._op_kids(i))
+        if got is None:
+            return []  # (most visits: no axes, or the projection is what the tensors already hold)
+        final, source, projected = got
         source = dict(source)
         mesh = self.mesh
         n_in = len(op.inputs)
@@ -235,12 +314,8 @@ class Propagation:
                     continue
                 if rule.factors[fs[0]].kind == NEED_REPLICATION and not rule.factors[fs[0]].carried:
                     continue
-                n_old = len(ax.atoms(mesh, st[d].axes))
-                if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
-                    continue
-                others = [a for e, s in enumerate(st) if e != d for a in s.axes]
-                new = ax.truncate_at_overlap(mesh, new, others)
-                if len(ax.atoms(mesh, new)) <= n_old or not ax.is_prefix(mesh, st[d].axes, new):
+                new = ax.grown(mesh, st[d].axes, new, tuple(a for e, s in enumerate(st) if e != d for a in s.axes))
+                if new is None:
                     continue
                 srcs = [source[f] for f in fs if f in source]
                 prio, src_t = next((x for x in srcs if tensors[x[1]].id != v.id), srcs[0])
@@ -251,20 +326,17 @@ class Propagation:
 
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
-        keys: dict[int, tuple] = {}  # value id -> (axes, priorities, size)
-        state, values = self.state, self.values
-        for op in (self.ops if which is None else [self.ops[i] for i in which]):
-            key = []
-            for v in self.tensors[op.id]:
-                k = keys.get(v.id)
-                if k is None:
-                    st = state[v.id]
-                    k = keys[v.id] = (tuple(s.axes for s in st), tuple(s.prio for s in st), values[v.id].size)
-                key.append(k)
-            self.projections[op.id] = record_key(self.mesh, self.rules[op.id], tuple(key))
+        mesh, rules, projections, memo = self.mesh, self.rules, self.projections, self._memo
+        ops = self.ops
+        for i in (range(len(ops)) if which is None else which):
+            op = ops[i]
+            projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._op_kids(i))
 
     # -- results ------------------------------------------------------------
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:
+        k = self._ts.get(v.id)
+        if k is not None:  # (the cached key of an unchanged value: its axes per dim)
+            return self._memo.keys[k][0]
         st = self.state.get(v.id)
         return tuple(s.axes for s in st) if st else ((),) * v.rank
 

@@ -167,6 +167,12 @@ def project_cached(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], dec
     return _project_cached(mesh, rule, tuple((st.axes, st.prios, st.size) for st in tensors), decide)
 
 
+def project_key(mesh: Mesh, rule: OpRule, key: tuple):
+    """``project_cached`` from the tensors' (axes, priorities, size) per tensor (propagation's
+    hot loop keeps these keys, not TensorStates)."""
+    return _project_cached(mesh, rule, key, False)
+
+
 @functools.lru_cache(maxsize=1 << 13)  # 8192: a few MiB; the distinct (rule, shardings) of many plans
 def _project_cached(mesh: Mesh, rule: OpRule, key: tuple, decide: bool):
     tensors = [TensorState(axes, prios, size, -1) for axes, prios, size in key]

@@ -39,9 +39,31 @@ last ``KEEP_PROPAGATIONS``, for pricing). Measured, interleaved, on this shared 
 (h100-node preset, (2, 4) mesh, benchmarks' small dims; before -> after, same plans and
 candidates): a transformer block's step 34 / 24 / 13 s -> 8.9 / 6.8 / 3.3 s (2.0-2.3 s when
 the machine is quieter); a 32-layer scanned stack 19.8 / 17.3 / 8.3 s -> 14.7 / 12.8 / 5.3 s;
-24 unrolled blocks 153 s -> 106 s. What is left is mostly the traced pricer (building each
-priced candidate's per-device program) and, on deep unrolled programs, propagation and the
-tables' indices over every op.
+24 unrolled blocks 153 s -> 106 s.
+
+Speed, same results (2), from a profile of the 24 unrolled blocks' search (cProfile): the
+decisions and seeds of a state are memoised (legality asked them ~10^6 times per class value);
+propagation interns each value's key (axes, priorities, size) per graph, memoises each visit's
+projection and each record on (rule number, interned keys), keeps each op's keys until one of
+its tensors changes and starts a run from the per-graph keys of the all-open state
+(propagation/engine.py's ``_Memo``; a dim's growth memoised in axes.grown); the tables reuse a
+compute term's row for a projection object met before; the combiner's cycle check tests group
+dependency bitsets and walks once per collective (program/combine.py); the pricer builds the
+largest buffers' texts only for the sizes that reach the top. Plans, predicted steps, the best
+five candidates and the counts of candidates, programs and ranked states are the same on
+tests/models.py's and benchmarks/programs.py's reference programs (h100-node and calibrated)
+and on the deep programs below (tests/search/test_search_speed.py: the shared memo gives a
+fresh run's projections; the combiner merges what the member-by-member walk did). Measured
+interleaved (before, after, one after the other per program) on this 2-core machine while it
+was quiet (wall = CPU time; load average 1-4), (2, 4) mesh, benchmarks' small dims, seconds:
+calibrated hardware: a transformer block's step 2.42 -> 1.57; the scanned 24-layer stack 4.21
+-> 3.27; a scanned 32-layer stack 4.19 -> 3.23; 24 unrolled blocks 56.4 -> 29.9; h100-node: a
+block 1.98 -> 1.20, 24 unrolled blocks 72.9 -> 35.3 (under load average 10-13 the same
+searches took 2-4x as long in wall time). What is left on the unrolled blocks (cProfile):
+about 60% the traced pricer (per priced candidate: tracing the partitioned program, the
+combiner's second trace, the cost model), 25% propagation's visits (about 7,000 per run, one
+per op reached), the rest the tables and the search's bookkeeping; pricing from projections
+(no trace) is the next step.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
@@ -172,6 +194,9 @@ class _Search:
         self.screen = SCREEN if screen is None else screen
         self.tables = None
         self.skipped: dict = {}  # reason -> candidates skipped for it
+        self._decided: dict = {}  # state -> decisions (memo)
+        self._seeds: dict = {}  # canonical state -> its seeds (memo)
+        self._cvals: dict = {}  # class index -> _class_values (memo)
         if self.screen:
             try:
                 self.tables = CostTables(ctx.graph, ctx.mesh, hw)
@@ -192,19 +217,43 @@ class _Search:
         return tuple(sorted(set(state), key=lambda x: (x[0], x[1], order[x[2]])))
 
     def decisions(self, state) -> Optional[dict]:
-        """value id -> dims for the state's actions, or None when one is illegal."""
+        """value id -> dims for the state's actions, or None when one is illegal (memoised by
+        the canonical state: legality and seeds ask for the same states many times; callers
+        never write into the answer)."""
+        state = tuple(state)
+        if state in self._decided:
+            return self._decided[state]
+        got = self._decided[state] = self._decisions(state)
+        return got
+
+    def _decisions(self, state) -> Optional[dict]:
         out: dict = {}
         ctx = self.ctx
         for c, d, a in state:
             ref = self.refs[a]
-            for vid in self.classes[c].values:
-                v = ctx.value(vid)
-                mine = out.setdefault(vid, [[] for _ in v.shape])
-                cur = [x + y for x, y in zip(ctx.dims(v), mine)]
+            for vid, v, base in self._class_values(c):
+                mine = out.get(vid)
+                if mine is None:
+                    mine = out[vid] = [[] for _ in v.shape]
+                cur = mine if base is None else [x + y for x, y in zip(base, mine)]
                 if not ctx.can_add(v, d, ref, cur, uneven=UNEVEN):
                     return None
                 mine[d].append(ref)
         return out
+
+    def _class_values(self, c: int) -> list:
+        """(value id, value, its dims decided before the search, None when none is) per value of class ``c``
+        (the context's decisions do not change during a search)."""
+        got = self._cvals.get(c)
+        if got is None:
+            ctx = self.ctx
+            got = []
+            for vid in self.classes[c].values:
+                v = ctx.value(vid)
+                base = ctx.dims(v)
+                got.append((vid, v, base if any(base) else None))  # None: nothing decided before
+            self._cvals[c] = got
+        return got
 
     def legal(self, state, action) -> bool:
         return action not in state and self.decisions(self.canon(state + (action,))) is not None
@@ -267,7 +316,10 @@ class _Search:
         return got
 
     def seeds(self, state) -> list:
-        return self.ctx.seeds(self.decisions(state), origin=self.who)
+        got = self._seeds.get(state)
+        if got is None:
+            got = self._seeds[state] = self.ctx.seeds(self.decisions(state), origin=self.who)
+        return got
 
     def rank(self, states) -> list:
         """``states`` (canonical, legal; repeats dropped) ordered by the cost tables' score
@@ -488,11 +540,12 @@ class _Search:
             if len(top) == 5:
                 break
         base = tuple((name, self.evaluate(s)[1]) for name, s in baselines)
-        return SearchResult(self.decisions(best.actions), best, tuple(top), base, len(self.memo),
+        copy = lambda d: {vid: [list(x) for x in dims] for vid, dims in d.items()}
+        return SearchResult(copy(self.decisions(best.actions)), best, tuple(top), base, len(self.memo),
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
                             self.memory_limit, tuple(self.classes), self.screened,
                             tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
-                            self.max_evaluations, tuple(self.decisions(c.actions) for c in top))
+                            self.max_evaluations, tuple(copy(self.decisions(c.actions)) for c in top))
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,

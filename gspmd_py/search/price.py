@@ -95,26 +95,33 @@ class Pricer:
 
 
 def _top_buffers(graph: Graph, mesh: Mesh, prop: Propagation, n: int = 3) -> tuple[tuple[str, int], ...]:
-    """The largest values per device under these shardings (what dominates a peak)."""
-    rows = []
+    """The largest values per device under these shardings (what dominates a peak): the ``n``
+    first distinct texts in (bytes descending, text) order. Texts are built only for the byte
+    sizes that can reach the answer (largest first), not for every value."""
+    by_bytes: dict[int, list] = {}
     for v in graph.all_values():
         if v.is_const:
             continue
-        s = Sharding.of(mesh, prop.dims_of(v))
+        dims = prop.dims_of(v)
         k = 1
-        for axes in s.dims:
+        for axes in dims:
             for a in axes:
                 k *= a.size
-        what = v.name or (f"{v.producer.prim} at {v.producer.source}" if v.producer is not None
-                          and v.producer.source else (v.producer.prim if v.producer is not None else f"%{v.id}"))
-        rows.append((v.nbytes // max(k, 1), f"{what} {v.type_str} {s.shardy()}"))
-    rows.sort(key=lambda r: (-r[0], r[1]))
+        by_bytes.setdefault(v.nbytes // max(k, 1), []).append((v, dims))
     seen, out = set(), []
-    for b, w in rows:
-        if w in seen:
-            continue
-        seen.add(w)
-        out.append((w, int(b)))
-        if len(out) == n:
-            break
+    for b in sorted(by_bytes, reverse=True):
+        for w in sorted(_buffer_text(mesh, v, dims) for v, dims in by_bytes[b]):
+            if w in seen:
+                continue
+            seen.add(w)
+            out.append((w, int(b)))
+            if len(out) == n:
+                return tuple(out)
     return tuple(out)
+
+
+def _buffer_text(mesh: Mesh, v, dims) -> str:
+    s = Sharding.of(mesh, dims)
+    what = v.name or (f"{v.producer.prim} at {v.producer.source}" if v.producer is not None
+                      and v.producer.source else (v.producer.prim if v.producer is not None else f"%{v.id}"))
+    return f"{what} {v.type_str} {s.shardy()}"

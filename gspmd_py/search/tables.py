@@ -227,6 +227,9 @@ class CostTables:
         self._group_of: dict = {}  # (kind, axes) -> group index
         self._alpha: list[float] = []
         self.pairs = 0  # (candidate, term) pairs summed so far
+        # (term, id(projection)) -> (projection, row) of compute terms: propagation shares one
+        # Projection object per (rule, tensor shardings), so a candidate's op meets a kept one
+        self._op_rows: dict = {}
 
     # -- the table --------------------------------------------------------------------
     @property
@@ -324,15 +327,19 @@ class CostTables:
         out = np.empty(len(self._layout), np.int64)
         projs = prop.projections
         dims_of = prop.dims_of
-        row = self._row
+        row, op_rows = self._row, self._op_rows
         seen: set = set()  # (value, target): a value resharded once per target, whatever reads it
         for t, lay in enumerate(self._layout):
             kind, op = lay[0], lay[1]
             proj = projs[op.id]
             if kind == "op":
-                fk = tuple(sorted(proj.factors.items()))
-                rule = prop.rules[op.id]
-                out[t] = row(("op", lay[2], rule, fk), lambda: self._op_cost(op, rule, proj.factors, proj))
+                got = op_rows.get((t, id(proj)))
+                if got is None or got[0] is not proj:
+                    fk = tuple(sorted(proj.factors.items()))
+                    rule = prop.rules[op.id]
+                    got = op_rows[t, id(proj)] = (proj, row(("op", lay[2], rule, fk),
+                                                             lambda: self._op_cost(op, rule, proj.factors, proj)))
+                out[t] = got[1]
             elif kind == "in":
                 v = lay[3]
                 src, dst = dims_of(v), proj.operand_dims[lay[2]] if lay[2] < len(proj.operand_dims) else None

@@ -1,0 +1,116 @@
+"""The search's speed-ups change no result (optimizer.py's "Speed, same results"): propagation's
+per-graph memo (interned tensor keys, projections memoised on (rule, keys), shared by every
+``with_seeds`` run) gives exactly a fresh run's shardings and projections, and the combiner's
+cycle check by group dependency bitsets merges exactly the collectives the member-by-member
+walk did."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import gspmd_py as gp
+from gspmd_py.frontend.constraints import outside_user_mesh
+from gspmd_py.partitioner.passes import index_program, partition_graph
+from gspmd_py.program import combine as C
+from gspmd_py.propagation import Propagation, Seed
+from gspmd_py.runtime.layout import own_mesh
+from gspmd_py.search.price import fingerprint
+from models import REFERENCE
+
+S = jax.ShapeDtypeStruct
+
+
+def _graph(fn, shapes, mesh):
+    return gp.spmd(fn, mesh).plan(*[S(s, jnp.float32) for s in shapes]).graph
+
+
+def _seed_sets(graph, mesh):
+    """Single-dim seeds on the inputs over each axis, then pairs of them (what the search's
+    input actions make)."""
+    one = []
+    for v in graph.inputs:
+        for d, n in enumerate(v.shape):
+            for a in mesh.axis_names:
+                if n % mesh.axis_size(a) == 0:
+                    one.append(Seed(v, tuple((mesh.ref(a),) if e == d else None for e in range(v.rank)), 0, "t"))
+    pairs = [[a, b] for a, b in itertools.combinations(one, 2) if a.value.id != b.value.id]
+    return [[s] for s in one] + pairs[:24]
+
+
+def _old_groups(body, threshold):
+    """combine._groups as it was: the cycle check walks groups member by member."""
+    deps, cand = [], {}
+    for i, e in enumerate(body.entries):
+        d = 0
+        for j in e.deps:
+            d |= deps[j] | ((1 << j) if j in cand else 0)
+        deps.append(d)
+        k = C._key(e)
+        if k is not None:
+            cand[i] = k
+    groups, open_ = [], {}
+
+    def feeds(a, b):
+        return any(deps[m] & a.bits for m in b.members)
+
+    def reaches(src, dst):
+        seen, todo = {id(src)}, [src]
+        while todo:
+            g = todo.pop()
+            if g is dst:
+                return True
+            for h in groups:
+                if id(h) not in seen and feeds(g, h):
+                    seen.add(id(h))
+                    todo.append(h)
+        return False
+
+    for i, k in cand.items():
+        g = open_.get(k)
+        n = body.entries[i].emitted.nbytes
+        if g is not None and not (deps[i] & g.bits) and g.nbytes + n <= threshold and not any(
+                (deps[i] & h.bits) and reaches(g, h) for h in groups if h is not g):
+            g.members.append(i)
+            g.bits |= 1 << i
+            g.nbytes += n
+            continue
+        g = C._Group(k, [i], 1 << i, n)
+        open_[k] = g
+        groups.append(g)
+    return [g.members for g in groups if len(g.members) > 1]
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", REFERENCE, ids=[r[0] for r in REFERENCE])
+def test_shared_memo_propagation_equals_a_fresh_run(name, fn, shapes, mesh_shape, names):
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    template = Propagation(graph, mesh, [])
+    sets = _seed_sets(graph, mesh)
+    assert len(sets) > 4
+    for seeds in sets + sets[::-1]:  # the second pass meets every key memoised
+        shared = template.with_seeds(seeds).run()
+        fresh = Propagation(graph, mesh, seeds).run()
+        assert fingerprint(shared, graph) == fingerprint(fresh, graph)
+        assert shared.projections == fresh.projections
+
+
+MERGING = [r for r in REFERENCE if r[0] in ("train_step", "block_grad")]  # programs whose collectives merge
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", MERGING, ids=[r[0] for r in MERGING])
+@pytest.mark.parametrize("threshold", [C.DEFAULT_THRESHOLD_BYTES])
+def test_combiner_groups_equal_the_member_by_member_walk(name, fn, shapes, mesh_shape, names, threshold):
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    merged = 0
+    for seeds in _seed_sets(graph, mesh)[:12]:
+        prop = Propagation(graph, mesh, seeds).run()
+        with outside_user_mesh(), own_mesh():
+            part = partition_graph(graph, mesh, prop)
+            index = index_program(part.program, part.fine, graph)
+        for body in index.bodies.values():
+            want = _old_groups(body, threshold)
+            assert [g.members for g in C._groups(body, threshold)] == want
+            merged += len(want)
+    assert merged > 0  # the check saw collectives merge
