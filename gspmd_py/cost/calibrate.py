@@ -14,7 +14,8 @@ CPU host, 8 "devices" share the host's cores):
 * per-shape-class rates (rates.py): matmuls of the small (64^3) and medium (128 x 128 x 256)
   classes as fractions of that rate (net of their kernels' overhead; a smaller class is
   never faster than a larger one); one 3x3 conv per conv class (few or many channels, small or
-  large image: ``CONV_PROBES``), each as a fraction of the matmul rate; reductions' bandwidth:
+  large image: ``CONV_PROBES``), each as a fraction of the matmul rate, and a 3x3 conv's
+  weight gradient at a local batch of 1 and 8 (``WGRAD_PROBES``); reductions' bandwidth:
   row sums over a 16 MiB f32 array;
 * memory bandwidth: ``x * a + x[::-1] * b`` over a 16 MiB f32 vector per device (12 bytes
   per element); vector FLOP/s: a fused chain of 16 multiply-adds per element; transcendental
@@ -69,6 +70,10 @@ MATMUL_CLASSES = ((2 ** 20, (1, 64, 64, 64), 2 ** 24), (2 ** 23, (1, 128, 128, 2
 # the low end of its class (16 of 1-31 channels, 32 of 32 and more; 16 x 16 or 32 x 32 pixels)
 CONV_PROBES = (("small-c/small-hw", 16, 16), ("small-c/large-hw", 64, 16), ("large-c/small-hw", 16, 32),
                ("large-c/large-hw", 32, 32))
+# weight-gradient classes (rates.conv_class): the kernel's gradient of a 3x3 SAME conv, NHWC, C in =
+# C out: (class, local batch f, H = W, C): "wgrad/small-f" at f = 1 on a large image (its efficiency
+# is per contracted feature), "wgrad/large-f" at f = 8
+WGRAD_PROBES = (("wgrad/small-f", 1, 64, 16), ("wgrad/large-f", 8, 32, 16))
 CONV_FLOPS = 2 ** 25  # about this many FLOPs per device per conv probe step (the batch chosen so)
 CONV_SUSTAIN = 2  # steps per conv probe
 # a class's measured rate as a fraction of the matmul rate (the harmonic mean over shapes) is
@@ -200,6 +205,12 @@ class Calibrator:
             nimg = max(1, round(CONV_FLOPS / per_image))
             self.probes.append(probe("conv", sustained(conv, CONV_SUSTAIN), (nimg, hw_, hw_, c), (3, 3, c, c),
                                      fill=(0.5, 1 / (9 * c)), info=(CONV_SUSTAIN * nimg * per_image, cls)))
+        for cls, f, hw_, c in WGRAD_PROBES:
+            w0 = jnp.zeros((3, 3, c, c), jnp.float32)
+            wgrad = jax.grad(lambda w, x, dy: jnp.vdot(conv(x, w), dy))
+            step = lambda x, dy: x * (1.0 + 1e-9 * jnp.mean(wgrad(w0, x, dy)))  # x-shaped: sustained chains it
+            self.probes.append(probe("conv", sustained(step, CONV_SUSTAIN), (f, hw_, hw_, c), (f, hw_, hw_, c),
+                                     fill=(0.5, 0.5), info=(CONV_SUSTAIN * 2 * f * hw_ * hw_ * 9 * c * c, cls)))
         self.probes.append(probe("tiny", tiny_chain, (16, 16), fill=(1 / 16,), info=(TINY * 2 * 16 ** 3,)))
         self.probes.append(probe("memory", lambda a: a * 0.5 + a[::-1] * 0.25, (MEM_ELEMS,)))
         self.probes.append(probe("reduce", lambda a: jnp.sum(a.reshape(-1, REDUCE_ROW), axis=1), (MEM_ELEMS,)))

@@ -36,7 +36,8 @@ KINDS = (("h100", "h100-node"), ("a100", "a100-node"), ("tpu v3", "tpu-v3"), ("t
 BASE_SIZES = (2 ** 14, 2 ** 17, 2 ** 21)
 MAX_COLLECTIVE_BYTES = 2 ** 25  # 32 MiB per device: larger transfers extrapolate from here
 CALIBRATION = {"reps": 5, "base_sizes": BASE_SIZES, "max_bytes": MAX_COLLECTIVE_BYTES}
-FORMAT = 2  # bump when the cached Hardware's layout or what calibration measures changes (2: per-class rates)
+FORMAT = 3  # bump when the cached Hardware's layout or what calibration measures changes (2: per-class rates,
+# 3: weight-gradient conv classes)
 
 
 def cache_dir() -> str:

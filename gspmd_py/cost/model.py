@@ -241,7 +241,8 @@ class _Walker:
         name = eqn.primitive.name
         conv = None
         if name == CONV:
-            conv = conv_class(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, eqn.params.get("dimension_numbers"))
+            conv = conv_class(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, eqn.params.get("dimension_numbers"),
+                              eqn.params.get("rhs_dilation"))
         dtype = eqn.invars[0].aval.dtype if eqn.invars else None
         t = compute_seconds(hw, name, flops, trans, nb, dtype, conv) + hw.op_overhead * fusion.launches(eqn)
         return t, flops, trans, nb

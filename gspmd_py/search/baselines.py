@@ -13,6 +13,9 @@
 * expert parallelism: weights with a batch dim in their dot (``[e, ...]``) split on it;
 * sequence parallelism + Megatron on 2+ axes: data ``[b, t, ...]`` split on t over the last axis;
 * spatial (rank-4 data): batch and H, or H and W (tiling over two dims) over the first and last axes;
+  on one axis, H over it (offered beside data parallel: where the local batch is small, a conv's
+  weight gradient runs slowly, cost/rates.py, and the whole batch on each device with a tile of
+  the image may be faster; pricing decides);
 * 2D (GSPMD paper's 2D weight sharding, its DenseLm plan) on 2+ axes: Megatron over the
   last axis, every such weight's largest other dim over the first axis, and the data's
   leading dim over the first axis and its last (model) dim over the last axis
@@ -255,6 +258,17 @@ def _spatial(ctx, classes, cls_of, data, first: str, last: str, hw: bool) -> tup
     return tuple(state)
 
 
+def _spatial_h(ctx, classes, cls_of, data, axis: str) -> tuple:
+    """Rank-4 data (NHWC): H over ``axis`` (the batch whole on each device)."""
+    out = []
+    for vid in data:
+        c = cls_of[vid]
+        shape = classes[c].shape
+        if len(shape) == 4 and splits(shape, [1], ctx.mesh.axis_size(axis)):
+            out.append((c, 1, axis))
+    return tuple(out)
+
+
 def _sequence(ctx, classes, cls_of, data, axes) -> tuple:
     """Sequence parallelism: data ``[b, t, ...]`` split on t over the last axis, batch over the others."""
     state = list(_data_parallel(ctx, classes, cls_of, data, axes[:-1]))
@@ -326,6 +340,8 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
         if ex:
             dp = _data_parallel(ctx, classes, cls_of, data, axes[-1:])
             out.append((f"expert parallel ({axes[-1]})", dp + ex))
+    if data and any(len(classes[cls_of[v]].shape) == 4 for v in data) and len(axes) == 1:
+        out.append((f"spatial (H {axes[0]})", _spatial_h(ctx, classes, cls_of, data, axes[0])))
     if data and any(len(classes[cls_of[v]].shape) == 4 for v in data) and len(axes) > 1:
         out.append((f"spatial (batch {axes[0]}, H {axes[-1]})", _spatial(ctx, classes, cls_of, data, axes[0], axes[-1],
                                                                          False)))

@@ -14,7 +14,7 @@ import gspmd_py as gp
 from gspmd_py import compiler
 from gspmd_py.cost import calibrate, machine
 from gspmd_py.cost.hardware import PRESETS
-from gspmd_py.cost.rates import CONV_CLASSES, compute_seconds, conv_class
+from gspmd_py.cost.rates import CONV_CLASSES, WGRAD_CLASSES, compute_seconds, conv_class
 from gspmd_py.propagation import Seed
 from gspmd_py.search.price import Pricer
 from gspmd_py.search.tables import CostTables
@@ -107,14 +107,15 @@ def test_calibration_measures_every_class(monkeypatch):
                     ("MATMUL_CLASSES", ((2 ** 16, (1, 16, 16, 16), 2 ** 16), (2 ** 18, (1, 32, 32, 64), 2 ** 19))),
                     ("CONV_FLOPS", 2 ** 16),
                     ("CONV_PROBES", (("small-c/small-hw", 8, 4), ("small-c/large-hw", 16, 4),
-                                     ("large-c/small-hw", 8, 16), ("large-c/large-hw", 16, 16)))):
+                                     ("large-c/small-hw", 8, 16), ("large-c/large-hw", 16, 16))),
+                    ("WGRAD_PROBES", (("wgrad/small-f", 1, 16, 4), ("wgrad/large-f", 8, 8, 4)))):
         monkeypatch.setattr(calibrate, name, v)
     hw = gp.Hardware.calibrate(gp.Mesh((8,), ("m",)), sizes=(2 ** 12,), reps=1, large_budget_s=None)
     bounds = [b for b, _ in hw.matmul_classes]
     effs = [e for _, e in hw.matmul_classes]
     assert bounds == sorted(bounds) and len(bounds) == 2
     assert all(0 < e <= 1 for e in effs) and effs == sorted(effs)  # a smaller class is never faster
-    assert sorted(c for c, _ in hw.conv_classes) == sorted(CONV_CLASSES)
+    assert sorted(c for c, _ in hw.conv_classes) == sorted(CONV_CLASSES + WGRAD_CLASSES)
     assert all(0 < e <= calibrate.MAX_EFFICIENCY for _, e in hw.conv_classes)
     assert hw.reduce_bandwidth > 0 and hw.mem_bandwidth > 0
 
