@@ -107,14 +107,15 @@ import sys
 import time
 from typing import Optional, Sequence
 
-import attrs
-
 from ..errors import ShardingError
 from .baselines import baseline_states
 from .context import TacticContext
-from .points import PointClass, point_classes
+from .points import point_classes
 from .price import Price, Pricer
+from .result import MAX_EVALUATIONS, Action, Candidate, MemoryLimitError, SearchResult, bytes_text
 from .tables import CostTables
+
+__all__ = ["Action", "Candidate", "MAX_EVALUATIONS", "MemoryLimitError", "SearchResult", "bytes_text", "search"]
 
 BEAM = 2
 PATIENCE = 3
@@ -132,53 +133,9 @@ KEEP_PROPAGATIONS = 64  # ranked states' propagations kept for pricing (rank, ke
 # the pre-screen propagates a neighbour from the kept exact propagation of a state it extends
 # (Propagation.extend: only what the new seeds reach); the traced pricer propagates afresh
 INCREMENTAL = False
-MAX_EVALUATIONS = 2000  # default deterministic budget: candidate states priced or ranked
 UNEVEN = True  # actions may split a dim its shards do not divide (padded; context.fair_split)
 
-Action = tuple  # (class index, dim, axis name)
 
-
-class MemoryLimitError(ShardingError):
-    """No plan the search found fits the memory limit."""
-
-
-@attrs.frozen
-class Candidate:
-    """One priced state: its actions, said in words, and the cost model's verdict."""
-
-    actions: tuple[Action, ...]
-    text: str
-    price: Price
-    fits: bool
-    built: bool = True  # False: the partitioner could not build it (skipped; SearchResult.skipped)
-
-
-@attrs.frozen
-class SearchResult:
-    decisions: dict  # value id -> per dim [AxisRef] (what the search decided)
-    best: Candidate
-    top: tuple[Candidate, ...]  # the best distinct candidates, best first
-    baselines: tuple[tuple[str, Candidate], ...]
-    explored: int  # states evaluated
-    programs: int  # distinct per-device programs built and costed
-    seconds: float
-    axes: tuple[str, ...]
-    hardware: str
-    memory_limit: Optional[float]
-    classes: tuple[PointClass, ...]
-    screened: int = 0  # states the cost tables ranked (the pre-screen; tables.py)
-    skipped: tuple[tuple[str, int], ...] = ()  # (reason, candidates) the partitioner could not build
-    stopped_by: str = ""  # "" (converged), "evaluations" (max_evaluations) or "time" (time_budget_s)
-    max_evaluations: int = MAX_EVALUATIONS
-    top_decisions: tuple = ()  # per candidate of ``top``: its decisions (value id -> dims), as ``decisions``
-
-
-def bytes_text(b: float) -> str:
-    """``b`` bytes for people: "1.5 GiB", "12 KiB", "7 B"."""
-    for unit, k in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if abs(b) >= k:
-            return f"{b / k:.3g} {unit}"
-    return f"{b:.0f} B"
 
 
 class _Search:
