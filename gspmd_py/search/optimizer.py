@@ -16,13 +16,17 @@ Method, deterministic for a seed:
    legal action, keep the best distinct (by propagated shardings) states, until the beam
    stops improving;
 3. hill climbing from the best state over every action (intermediate annotations too) and
-   drops, first improvement in a seeded order; then from the runners-up (``RUNNERS_UP``
-   best distinct start states and beam states not climbed yet: other families of plans),
-   within ``RUNNERS_UP_SHARE`` times the work done so far. Measured on a GPT-2-like step
-   (vocab 50257, 12 heads, batch 12; h100-node, (2, 4)): uneven splits gave the beam better
-   start states whose climb ends on a local optimum (1.534 ms predicted, where the even-only
-   search had found 1.418 ms); with the runners-up it finds 1.390 ms; the search takes about
-   twice as long (block step 2.1 -> 4.9 s, scanned 24 layers 4.0 -> 7.8 s, loaded machine);
+   drops, first improvement in a seeded order; then, when ``RUNNERS_UP`` > 0 (off by
+   default), from the runners-up (the ``RUNNERS_UP`` best distinct start states and beam
+   states not climbed yet: other families of plans), within ``RUNNERS_UP_SHARE`` times the
+   work done so far. On a GPT-2-like step (vocab 50257, 12 heads, batch 12; h100-node,
+   (2, 4)) uneven splits gave the beam better start states whose climb ends on a local
+   optimum (1.534 ms predicted, where the even-only search had found 1.418 ms); with 3
+   runners-up it finds 1.390 ms, in about twice the time (block step 2.1 -> 4.9 s, scanned
+   24 layers 4.0 -> 7.8 s, 24 unrolled blocks 37 -> 91 s of CPU). Off because on the
+   held-out zoo (benchmarks/results/auto_zoo.md, calibrated CPU) the wider search found
+   mixed plans predicted 5-10% faster than data parallel that measured 1.4-1.5x slower
+   (scanned stack, ViT and T5 on (8,)): more search exploits more of the cost model's errors;
 4. restarts: perturb the best state (drop an action, add a random one; ``random.Random(seed)``)
    and hill-climb (as 3); stop after 3 restarts without a better state, or once the restarts
    have evaluated half as many new states (priced or ranked by the tables: each is propagated)
@@ -119,7 +123,7 @@ __all__ = ["Action", "Candidate", "MAX_EVALUATIONS", "MemoryLimitError", "Search
 
 BEAM = 2
 PATIENCE = 3
-RUNNERS_UP = 3  # start states and beam states climbed after the best one (runners_up)
+RUNNERS_UP = 0  # start states and beam states climbed after the best one (runners_up; off: see step 3)
 RUNNERS_UP_SHARE = 2.0  # their climbs evaluate at most this share of the states the search had evaluated
 RESTART_SHARE = 0.5  # the restarts evaluate (price or rank) at most this share of the states steps 1-3 did
 # the pre-screen (tables.py): neighbours are ranked by the cost tables over their propagation,
