@@ -9,8 +9,7 @@ import pytest
 
 import gspmd_py as gp
 import gspmd_py.compiler as compiler
-import gspmd_py.search.price as price_mod
-from gspmd_py.search import optimizer
+from search_util import favour_intermediates
 from models import mlp
 
 S = jax.ShapeDtypeStruct
@@ -64,16 +63,7 @@ def test_constraints_are_the_intermediate_annotations(monkeypatch):
     plain = _search(args)
     assert all(plain.search.classes[a[0]].is_input for a in plain.search.best.actions)
     assert plain.constraints() == []
-    real = price_mod.Pricer.price
-
-    def price(self, seeds, prop=None):  # intermediate annotations made attractive
-        got, prop = real(self, seeds, prop)
-        if any(s.value.producer is not None for s in seeds):
-            got = type(got)(got.step_s * 0.25, got.peak_memory_bytes, got.comm_bytes, got.collectives)
-        return got, prop
-
-    monkeypatch.setattr(price_mod.Pricer, "price", price)
-    monkeypatch.setattr(optimizer, "SCREEN", False)
+    favour_intermediates(monkeypatch)
     res = _search(args)
     cons = res.constraints()
     assert cons and cons == list(res.jax_shardings().constraints)

@@ -15,6 +15,7 @@ import pytest
 import gspmd_py as gp
 import gspmd_py.search.price as price_mod
 from gspmd_py.search import optimizer
+from search_util import favour_intermediates
 from models import REFERENCE, mlp
 
 S = jax.ShapeDtypeStruct
@@ -195,16 +196,7 @@ def test_jax_shardings_run_under_jax_jit_and_match(name):
 
 
 def test_jax_shardings_carry_intermediate_constraints(monkeypatch):
-    real = price_mod.Pricer.price
-
-    def price(self, seeds, prop=None):
-        got, prop = real(self, seeds, prop)
-        if any(s.value.producer is not None for s in seeds):
-            got = type(got)(got.step_s * 0.25, got.peak_memory_bytes, got.comm_bytes, got.collectives)
-        return got, prop
-
-    monkeypatch.setattr(price_mod.Pricer, "price", price)
-    monkeypatch.setattr(optimizer, "SCREEN", False)
+    favour_intermediates(monkeypatch)
     mesh = gp.Mesh((2, 4), ("x", "y"))
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(s).astype(np.float32) for s in [(32, 64), (64, 128), (128, 64)]]
