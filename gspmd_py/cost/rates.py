@@ -121,12 +121,14 @@ def op_seconds(hw, op, flops: float, nbytes: float, operand_dims) -> float:
         return compute_seconds(hw, op.prim, flops, 0.0, nbytes, None)
     conv = None
     if op.prim == CONV and len(op.inputs) >= 2:
-        local = [_local_shape(v.shape, dims) for v, dims in zip(op.inputs, operand_dims)]
+        local = [padded_shard_shape(v.shape, dims) for v, dims in zip(op.inputs, operand_dims)]
         conv = conv_class(local[0], local[1], op.params.get("dimension_numbers"), op.params.get("rhs_dilation"))
     return compute_seconds(hw, op.prim, flops, 0.0, nbytes, op.inputs[0].dtype, conv)
 
 
-def _local_shape(shape: Sequence[int], dims) -> tuple[int, ...]:
+def padded_shard_shape(shape: Sequence[int], dims) -> tuple[int, ...]:
+    """One device's shard of ``shape`` split over ``dims`` (the mesh axes per dim; an
+    uneven split rounds up: the padded shard)."""
     out = []
     for n, axes in zip(shape, dims):
         k = 1

@@ -61,7 +61,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..cost.rates import op_seconds
+from ..cost.rates import op_seconds, padded_shard_shape
 from ..ir import Graph, Op
 from ..mesh import Mesh
 from ..ops import facts as F
@@ -167,11 +167,8 @@ def carried_out(body: Graph) -> set:
 
 def _local_bytes(shape: Sequence[int], itemsize: int, dims) -> int:
     n = itemsize
-    for s, axes in zip(shape, dims):
-        k = 1
-        for a in axes:
-            k *= a.size
-        n *= -(-s // k)
+    for s in padded_shard_shape(shape, dims):
+        n *= s
     return n
 
 
