@@ -242,31 +242,19 @@ def _expert(ctx, classes, cls_of, weights, data, axis) -> tuple:
     return tuple(out.values())
 
 
-def _spatial(ctx, classes, cls_of, data, first: str, last: str, hw: bool) -> tuple:
-    """Rank-4 data (NHWC): batch over ``first`` and H over ``last``, or (``hw``) H over
-    ``first`` and W over ``last`` (spatial tiling over two dims)."""
+def _spatial(ctx, classes, cls_of, data, plan) -> tuple:
+    """Rank-4 data (NHWC) split as ``plan``, (dim, axis) pairs: batch over x and H over y
+    ``((0, x), (1, y))``, H x W tiling ``((1, x), (2, y))``, H alone ``((1, x),)``."""
     state = []
     for vid in data:
         c = cls_of[vid]
         shape = classes[c].shape
         if len(shape) != 4:
             continue
-        plan = ((1, first), (2, last)) if hw else ((0, first), (1, last))
         for d, a in plan:
             if splits(shape, [d], ctx.mesh.axis_size(a)):
                 state.append((c, d, a))
     return tuple(state)
-
-
-def _spatial_h(ctx, classes, cls_of, data, axis: str) -> tuple:
-    """Rank-4 data (NHWC): H over ``axis`` (the batch whole on each device)."""
-    out = []
-    for vid in data:
-        c = cls_of[vid]
-        shape = classes[c].shape
-        if len(shape) == 4 and splits(shape, [1], ctx.mesh.axis_size(axis)):
-            out.append((c, 1, axis))
-    return tuple(out)
 
 
 def _sequence(ctx, classes, cls_of, data, axes) -> tuple:
@@ -340,13 +328,12 @@ def baseline_states(ctx: TacticContext, classes: Sequence[PointClass], axes: tup
         if ex:
             dp = _data_parallel(ctx, classes, cls_of, data, axes[-1:])
             out.append((f"expert parallel ({axes[-1]})", dp + ex))
-    if data and any(len(classes[cls_of[v]].shape) == 4 for v in data) and len(axes) == 1:
-        out.append((f"spatial (H {axes[0]})", _spatial_h(ctx, classes, cls_of, data, axes[0])))
-    if data and any(len(classes[cls_of[v]].shape) == 4 for v in data) and len(axes) > 1:
-        out.append((f"spatial (batch {axes[0]}, H {axes[-1]})", _spatial(ctx, classes, cls_of, data, axes[0], axes[-1],
-                                                                         False)))
-        out.append((f"spatial (H {axes[0]}, W {axes[-1]})", _spatial(ctx, classes, cls_of, data, axes[0], axes[-1],
-                                                                     True)))
+    if data and any(len(classes[cls_of[v]].shape) == 4 for v in data):
+        first, last = axes[0], axes[-1]
+        plans = ({f"spatial (H {first})": ((1, first),)} if len(axes) == 1 else
+                 {f"spatial (batch {first}, H {last})": ((0, first), (1, last)),
+                  f"spatial (H {first}, W {last})": ((1, first), (2, last))})
+        out.extend((name, _spatial(ctx, classes, cls_of, data, plan)) for name, plan in plans.items())
     seen, uniq = set(), []
     for n, st in out:
         key = tuple(sorted(set(st)))
