@@ -424,6 +424,8 @@ class _Search:
         states the beam kept, other than the one climbed (different families of plans: the
         climb from the best start can end on a local optimum another family's climb beats),
         within ``RUNNERS_UP_SHARE`` of the work so far (a count: deterministic)."""
+        if RUNNERS_UP <= 0:
+            return
         climbed = self.best()[2]
         self.cap = int(RUNNERS_UP_SHARE * self.work()) + self.work()
         firsts = [self.evaluate(s) for s in starts]
