@@ -205,10 +205,18 @@ class Spmd:
                 self._entries.put(key, e)
         return e
 
-    def _build(self, call: Call) -> _Entry:
-        mesh, name = self.mesh, getattr(self.fn, "__name__", None) or type(self.fn).__name__
-        in_names = call.names
-        in_dims = self._in_dims(call)
+    def open_pipelines(self, *args, **kwargs) -> tuple:
+        """The open ``gp.pipeline`` calls (no schedule given) that tracing the function for these
+        arguments meets with no schedule decided: frontend/pipeline.py's OpenPipeline records, in
+        trace order (gp.auto_shard prices schedules for them). Traces only; plans nothing."""
+        call = self._sig.bind(args, kwargs, plan_only=True)
+        return tuple(self._trace(call, None)[-1])
+
+    def _trace(self, call: Call, decision) -> tuple:
+        """The user's function traced for ``call``, open pipelines scheduled by ``decision``:
+        (closed jaxpr, closure, out_tree, out_dims, the open pipelines met unscheduled)."""
+        from ..frontend.pipeline import scheduled
+
         box: list = []
 
         def flat_fn(*leaves):  # the user's function as written: in/out shardings go to the compiler as seeds
@@ -219,9 +227,21 @@ class Spmd:
             box.append((out_tree, self._out_dims(out, flat)))
             return flat
 
-        with tracing_mesh(mesh), constraint_errors(mesh):
+        mesh = self.mesh
+        with tracing_mesh(mesh), constraint_errors(mesh), scheduled(decision) as found:
             closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
         out_tree, out_dims = box[-1]
+        return closed, closure, out_tree, out_dims, found
+
+    def _build(self, call: Call) -> _Entry:
+        from ..search.tactics import pipeline_decision
+
+        mesh, name = self.mesh, getattr(self.fn, "__name__", None) or type(self.fn).__name__
+        in_names = call.names
+        in_dims = self._in_dims(call)
+
+        # gp.tactics.pipeline decides the schedule of open gp.pipeline calls: it changes the trace
+        closed, closure, out_tree, out_dims, _ = self._trace(call, pipeline_decision(self.tactics, mesh))
         n_c, in_tree = len(closure), call.in_tree
         labels = [f"in_shardings of {nm}" for nm in in_names]
         out_labels = [f"out_shardings of output {i}" for i in range(len(out_dims))]

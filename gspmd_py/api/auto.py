@@ -54,6 +54,9 @@ class AutoResult:
     decided: Any = None  # the Decided tactic replaying the search's decisions
     hardware_text: str = ""  # which hardware priced the plans, and why that one
     fallback: str = ""  # "": the search's best plan built; else which failed and which candidate replaced it
+    pipeline: Any = None  # the gp.tactics.pipeline schedule of the plan's open gp.pipeline calls (None: none)
+    pipelines: tuple = ()  # api/auto_pipeline.py's PipelineTrial per schedule priced (open pipelines only)
+    pipeline_text: str = ""  # which schedule was chosen, or why none was (open pipelines only)
 
     def report(self) -> str:
         """The chosen plan beside the best candidates and every hand-written plan (predicted
@@ -66,8 +69,9 @@ class AutoResult:
         """The plan as a tactics list for ``gp.spmd(fn, mesh, tactics=res.rules())``: the
         search's decisions (inputs and intermediate annotations) as data, replayed as they
         were made; with ``in_shardings=res.in_shardings, out_shardings=res.out_shardings``
-        too, gp.spmd builds the same program."""
-        return [self.decided]
+        too, gp.spmd builds the same program. A pipelined plan's list starts with its
+        ``gp.tactics.pipeline`` schedule (it changes the traced program)."""
+        return ([self.pipeline] if self.pipeline is not None else []) + [self.decided]
 
     def jax_shardings(self):
         """The plan for ``jax.jit``'s own partitioner: NamedSharding trees for the inputs and
@@ -101,18 +105,36 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
     from .api import Spmd
     from ..cost.machine import default_hardware
-    from ..search.tactics import Decided, auto
 
     if hardware is not None:
         hw, hw_text = hardware, f"hardware {hardware.name} (given)"
     else:
         hw, how = default_hardware(mesh, _largest_bytes(args))
         hw_text = f"hardware {hw.name}: {how}"
-    sink: list = []
-    tac = attrs.evolve(auto(hardware=hw, memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
-                            max_evaluations=max_evaluations), sink=sink)
     kw = dict(static_argnums=static_argnums, donate_argnums=donate_argnums)
-    f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[tac], **kw)
+
+    def one(evaluations: Optional[int], prefix: tuple = ()) -> AutoResult:
+        return _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, prefix,
+                         dict(memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
+                              max_evaluations=evaluations))
+
+    found = Spmd(fn, mesh, in_shardings, out_shardings, **kw).open_pipelines(*args)
+    if not found:
+        return one(max_evaluations)
+    from .auto_pipeline import choose
+
+    return choose(found, mesh, one, max_evaluations)
+
+
+def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, prefix: tuple, search_kw) -> AutoResult:
+    """One search: ``gp.spmd`` with ``prefix`` tactics (a pipeline schedule, or none) then an auto
+    tactic, planned; the AutoResult replays it."""
+    from .api import Spmd
+    from ..search.tactics import Decided, auto
+
+    sink: list = []
+    tac = attrs.evolve(auto(hardware=hw, **search_kw), sink=sink)
+    f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, tac], **kw)
     fallback = ""
     try:
         plan = f.plan(*args)
@@ -120,13 +142,15 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     except Exception as e:  # noqa: BLE001 - the search ran: the plan it chose did not build
         if not sink:
             raise  # the search itself failed (said by its own error)
-        result, f, plan, fallback = _fallback(sink[-1], e, fn, mesh, in_shardings, out_shardings, args, str(tac), kw)
+        result, f, plan, fallback = _fallback(sink[-1], e, fn, mesh, in_shardings, out_shardings, args, str(tac), kw,
+                                              prefix)
     decided = Decided(_as_data(result.decisions, plan), str(tac))
-    replay = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[decided], **kw)
+    replay = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, decided], **kw)
     replay.reuse_plans(f)  # the plan is built: the replay runs it (other signatures replay the decisions)
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
-    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text, fallback)
+    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text, fallback,
+                      prefix[0] if prefix else None)
 
 
 def _as_data(decisions: dict, plan) -> tuple:
@@ -136,7 +160,8 @@ def _as_data(decisions: dict, plan) -> tuple:
                  for vid, dims in sorted(decisions.items()))
 
 
-def _fallback(result: SearchResult, error: BaseException, fn, mesh, in_shardings, out_shardings, args, text, kw):
+def _fallback(result: SearchResult, error: BaseException, fn, mesh, in_shardings, out_shardings, args, text, kw,
+              prefix: tuple = ()):
     """The search's chosen plan failed to build: the next candidates (``result.top``, best
     first) replayed as decisions, the first that builds kept. (result, Spmd, plan, what happened)."""
     from .api import Spmd
@@ -150,7 +175,7 @@ def _fallback(result: SearchResult, error: BaseException, fn, mesh, in_shardings
     for i, (cand, dec) in enumerate(zip(result.top, result.top_decisions)):
         if cand.actions == result.best.actions or not cand.built or not cand.fits:
             continue
-        f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[Decided(_decided_data(dec), text)], **kw)
+        f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, Decided(_decided_data(dec), text)], **kw)
         try:
             plan = f.plan(*args)
         except Exception as e:  # noqa: BLE001 - this candidate does not build either: the next

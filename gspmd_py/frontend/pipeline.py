@@ -32,10 +32,21 @@ must reach stage 0 before its next repeat starts there). ``stage_fn(params_of_on
 microbatch) -> microbatch`` of the same shape and dtype; it may annotate its values over
 other mesh axes (tensor parallelism inside a stage). jax.grad differentiates the loop: the
 backward pass is a pipelined loop too (the transposed scan shifts the other way).
+
+An open pipeline (``axis=None, microbatches=None``: the schedule left to the planner) is a
+stack of layers the plan may pipeline. With no schedule decided it is the layers in sequence,
+one ``lax.scan`` over the layer dim (the ordinary stack, which data parallel / FSDP / Megatron
+plans apply to). ``gp.tactics.pipeline(axis, microbatches)`` decides a schedule: gp.spmd
+traces its function inside ``scheduled(...)`` (a context variable set only during that trace),
+and every open pipeline traced there runs the schedule above with S = the size of ``axis``,
+R = L / S. ``gp.auto_shard`` finds the open pipelines (``scheduled(None)`` records them) and
+prices schedules against no pipeline (api/auto_pipeline.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Optional
 
 import attrs
 import jax
@@ -83,16 +94,85 @@ class Schedule:
         return text
 
 
-def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: str, microbatches: int,
-             circular_repeats: int = 1):
+@attrs.frozen
+class Decision:
+    """A schedule decided for the open pipelines of one trace (gp.tactics.pipeline): stage
+    dim on ``axis`` of size ``stages``, ``microbatches`` microbatches (R = layers / stages)."""
+
+    axis: str
+    stages: int
+    microbatches: int
+
+
+@attrs.frozen
+class OpenPipeline:
+    """An open gp.pipeline met while tracing: its layers L, the batch size of x, x's type."""
+
+    layers: int
+    batch: int
+    x_type: str
+
+
+@attrs.frozen
+class _Scope:
+    decision: Optional[Decision]
+    found: list  # OpenPipeline per open call traced in this scope (this scope's own list)
+
+
+_SCOPE: contextvars.ContextVar = contextvars.ContextVar("gspmd_pipeline_scope", default=None)
+
+
+@contextlib.contextmanager
+def scheduled(decision: Optional[Decision]) -> Iterator[list]:
+    """While a gp.spmd function traces: open pipelines run ``decision`` (None: in sequence);
+    yields the list of the OpenPipeline records met (filled as the trace goes)."""
+    found: list = []
+    token = _SCOPE.set(_Scope(decision, found))
+    try:
+        yield found
+    finally:
+        _SCOPE.reset(token)
+
+
+def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: Optional[str] = None,
+             microbatches: Optional[int] = None, circular_repeats: Optional[int] = None):
     """Run ``stage_fn`` layer after layer over ``x`` as a pipeline over mesh axis ``axis``.
 
     ``stage_params``: a pytree whose leaves have a leading dim of ``stages * circular_repeats``
-    layers (stages = the size of ``axis`` in the mesh the function is partitioned over).
+    layers (stages = the size of ``axis`` in the mesh the function is partitioned over;
+    ``circular_repeats`` default 1).
     Equal to applying the layers in sequence to every row of ``x``::
 
         for l in range(L): x = stage_fn(params[l], x)
+
+    ``axis=None, microbatches=None`` (and no ``circular_repeats``): an open pipeline, the
+    schedule left to the planner. It runs the layers in sequence (one ``lax.scan`` over the
+    layer dim) unless the gp.spmd function being traced has ``gp.tactics.pipeline(axis,
+    microbatches)`` in its tactics: then the schedule above with S = the size of that axis
+    and R = L / S. ``gp.auto_shard`` prices such schedules against no pipeline and keeps the
+    cheapest (``res.report()`` says which and why).
     """
+    if axis is None and microbatches is None:
+        if circular_repeats is not None:
+            raise ArgumentError(f"gp.pipeline: circular_repeats={circular_repeats!r} given without axis and "
+                                f"microbatches; an open pipeline (no schedule) takes its repeats from the schedule "
+                                f"decided for it (R = layers / stages): give axis and microbatches too, or neither")
+        scope = _SCOPE.get()
+        n_layers = _layers(stage_params)
+        if jnp.ndim(x) < 1:
+            raise ArgumentError(f"gp.pipeline: x needs a leading batch dim, got shape {tuple(jnp.shape(x))}")
+        decision = scope.decision if scope is not None else None
+        if decision is None:
+            if scope is not None:
+                scope.found.append(OpenPipeline(n_layers, int(x.shape[0]), _type_str(x)))
+            return _sequential(stage_fn, stage_params, x)
+        axis, microbatches = decision.axis, decision.microbatches
+        circular_repeats = _decided_repeats(stage_params, x, decision)
+    elif axis is None or microbatches is None:
+        raise ArgumentError(f"gp.pipeline: give both axis and microbatches (a fixed schedule) or neither (an open "
+                            f"pipeline, scheduled by gp.tactics.pipeline / gp.auto_shard); got axis={axis!r}, "
+                            f"microbatches={microbatches!r}")
+    circular_repeats = 1 if circular_repeats is None else circular_repeats
     sched = _schedule(stage_params, x, axis, microbatches, circular_repeats)
     S, M, R = sched.stages, sched.microbatches, sched.repeats
     mb = x.shape[0] // M
@@ -142,21 +222,63 @@ def schedules(graph) -> list[tuple[str, Schedule]]:
             for op in graph.walk() if op.prim == "gspmd_pipeline"]
 
 
-def _schedule(stage_params, x, axis: str, microbatches: int, repeats: int) -> Schedule:
+def _sequential(stage_fn: Callable, stage_params, x):
+    """The open pipeline without a schedule: the layers in sequence, one scan over the layer dim."""
+    _check_stage_fn(stage_fn, stage_params, jax.ShapeDtypeStruct(tuple(x.shape), x.dtype))
+
+    def body(h, p):
+        return stage_fn(p, h), None
+
+    out, _ = lax.scan(body, x, stage_params)
+    return out
+
+
+def _type_str(x) -> str:
+    return f"{short_name(x.dtype)}{list(x.shape)}"
+
+
+def _layers(stage_params) -> int:
+    """The common leading (layer) dim of the stage_params leaves (ArgumentError otherwise)."""
     leaves = jax.tree_util.tree_leaves(stage_params)
     if not leaves:
         raise ArgumentError("gp.pipeline: stage_params has no arrays (it needs one leaf per stacked layer weight)")
-    if not isinstance(axis, str) or not axis:
-        raise ArgumentError(f"gp.pipeline: axis must be a mesh axis name, got {axis!r}")
-    for name, v in (("microbatches", microbatches), ("circular_repeats", repeats)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ArgumentError(f"gp.pipeline: {name} must be a positive int, got {v!r}")
     layers = {jnp.shape(p)[0] if jnp.ndim(p) else None for p in leaves}
     if len(layers) != 1 or None in layers:
         shapes = [tuple(jnp.shape(p)) for p in leaves]
         raise ArgumentError(f"gp.pipeline: every stage_params leaf needs the same leading (layer) dim; got shapes "
                             f"{shapes}")
-    (n_layers,) = layers
+    return int(next(iter(layers)))
+
+
+def _decided_repeats(stage_params, x, d: Decision) -> int:
+    """R = L / S for a decided schedule, or an ArgumentError naming the tensor, dim and axis
+    that the schedule cannot apply to."""
+    what = f"gp.tactics.pipeline({d.axis!r}, microbatches={d.microbatches})"
+    n_layers = _layers(stage_params)
+    if n_layers % d.stages:
+        path, leaf = jax.tree_util.tree_flatten_with_path(stage_params)[0][0]
+        name = jax.tree_util.keystr(path) or "stage_params"
+        raise ArgumentError(f"{what}: stage_params leaf {name} ({_type_str(leaf)}) has {n_layers} stacked layers on "
+                            f"dim 0, which mesh axis {d.axis!r} of size {d.stages} does not split into equal "
+                            f"stages (layers must be a multiple of the stages)")
+    repeats = n_layers // d.stages
+    if x.shape[0] % d.microbatches:
+        raise ArgumentError(f"{what}: dim 0 (batch) of x ({_type_str(x)}) does not split into {d.microbatches} equal "
+                            f"microbatches for the stages on mesh axis {d.axis!r}")
+    if repeats > 1 and d.microbatches < d.stages:
+        raise ArgumentError(f"{what}: {n_layers} layers on the {d.stages} stages of mesh axis {d.axis!r} are "
+                            f"{repeats} circular repeats, which need microbatches >= stages ({d.microbatches} < "
+                            f"{d.stages}) for dim 0 (batch) of x ({_type_str(x)})")
+    return repeats
+
+
+def _schedule(stage_params, x, axis: str, microbatches: int, repeats: int) -> Schedule:
+    n_layers = _layers(stage_params)
+    if not isinstance(axis, str) or not axis:
+        raise ArgumentError(f"gp.pipeline: axis must be a mesh axis name, got {axis!r}")
+    for name, v in (("microbatches", microbatches), ("circular_repeats", repeats)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ArgumentError(f"gp.pipeline: {name} must be a positive int, got {v!r}")
     if n_layers % repeats:
         raise ArgumentError(f"gp.pipeline: {n_layers} stacked layers do not split into circular_repeats={repeats} "
                             f"repeats of equal stages")

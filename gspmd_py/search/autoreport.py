@@ -94,6 +94,26 @@ def why(res) -> list[str]:
     return lines
 
 
+def pipelines(res) -> list[str]:
+    """The open pipelines' section (api/auto_pipeline.py): the schedule chosen or why none was,
+    and every program priced for them (no pipeline, each schedule: screened, searched, skipped)."""
+    if not res.pipelines:
+        return []
+    lines = [res.pipeline_text, "  programs priced for the open pipelines (screened: a search of a few "
+                                "candidates; searched: the full search):"]
+    rows = []
+    for t in res.pipelines:
+        chosen = (t.axis, t.microbatches) == ((res.pipeline.axis, res.pipeline.microbatches)
+                                              if res.pipeline is not None else ("", 0))
+        step, peak = ("-", "-") if t.stage == "skipped" else (_ms(t.step_s), bytes_text(t.peak_bytes))
+        bubble = f"bubble {t.schedule.bubble:.1%}" if t.schedule is not None else ""
+        rows.append((("* " if chosen else "  ") + t.name, t.stage, step, peak, bubble, t.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append("    " + "  ".join(x.ljust(w) for x, w in zip(r[:5], widths)) + ("  " + r[5] if r[5] else ""))
+    return lines
+
+
 def report(res) -> str:
     s = res.search
     lines = header(res)
@@ -110,7 +130,10 @@ def report(res) -> str:
     for r in rows:
         lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r[:5], widths)) + "  " + r[5])
     lines += why(res)
+    lines += pipelines(res)
     lines.append("in_shardings: " + _tree_text(res.in_shardings))
     lines.append("replay: gp.spmd(fn, mesh, in_shardings=res.in_shardings, out_shardings=res.out_shardings, "
-                 "tactics=res.rules()); under jax.jit: res.jax_shardings().jit()")
+                 "tactics=res.rules())" + (f" (starts with {res.pipeline}: the schedule changes the traced program)"
+                                           if res.pipeline is not None else "")
+                 + "; under jax.jit: res.jax_shardings().jit()")
     return "\n".join(lines)

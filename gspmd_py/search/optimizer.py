@@ -231,7 +231,8 @@ class _Search:
 
     def describe(self, state) -> str:
         if not state:
-            return "nothing more (replicated over " + ",".join(self.axes) + ")"
+            return ("nothing more (replicated over " + ",".join(self.axes) + ")" if self.axes
+                    else "nothing more (no mesh axis left to search)")
         parts = []
         for c, d, a in state:
             pc = self.classes[c]
@@ -533,7 +534,8 @@ class _Search:
                 f"{', '.join(self.axes)}: " + "; ".join(f"{n} x {r}" for r, n in sorted(self.skipped.items())))
         if not best.fits:
             raise MemoryLimitError(
-                f"{self.who}: no plan over {', '.join(self.axes)} fits memory_limit={bytes_text(self.memory_limit)} per "
+                f"{self.who}: no plan over {', '.join(self.axes) or 'no searched axis'} fits "
+                f"memory_limit={bytes_text(self.memory_limit)} per "
                 f"device ({len(self.memo)} candidates in {time.perf_counter() - self.t0:.1f} s); the smallest peak "
                 f"found is {bytes_text(best.price.peak_memory_bytes)} ({best.text}), dominated by "
                 + "; ".join(f"{w}: {bytes_text(b)}" for w, b in best.price.top_buffers)
@@ -563,7 +565,7 @@ def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_lim
     hw = hardware or Hardware.preset("h100-node")
     s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
     try:
-        states = baseline_states(ctx, s.classes, tuple(axes))
+        states = baseline_states(ctx, s.classes, tuple(axes)) if axes else [("replicated", ())]
     except Exception as e:  # noqa: BLE001 - the hand plans are starting points: search from nothing
         s.skip(e)
         states = [("replicated", ())]

@@ -23,6 +23,12 @@ tactics, what each decided and the predicted step after each. Values the user fi
   gradients arrive reduce-scattered.
 * ``auto(*axes, hardware=None, memory_limit=None, time_budget_s=30, seed=0)``: the search
   (gspmd_py/search/) over the named axes (none named: every axis no earlier tactic named).
+* ``pipeline(axis, microbatches)``: the schedule of the function's open ``gp.pipeline`` calls
+  (those given no axis / microbatches): stages over ``axis`` (S = its size), ``microbatches``
+  microbatches, R = layers / S circular repeats. Unlike the others it changes the traced
+  program: gp.spmd traces the function with the schedule decided (frontend/pipeline.py's
+  ``scheduled``); at plan time it checks that an open pipeline took it and takes ``axis``
+  (a later ``auto`` searches the other axes). At most one per tactics list.
 """
 from __future__ import annotations
 
@@ -218,7 +224,9 @@ class Auto:
         from .optimizer import search
 
         names = list(self.axes_) or ctx.free_axes()
-        if not names:  # earlier tactics used every axis: nothing to search, and the report says so
+        # earlier tactics used every axis: nothing to search, and the report says so (gp.auto_shard's,
+        # with a sink, still prices the plan: a pipeline over the mesh's only axis is a plan it compares)
+        if not names and self.sink is None:
             ctx.log.append(TacticRecord(str(self), (), note="every mesh axis was decided by an earlier tactic: "
                                                             "nothing left to search, no decision made"))
             return
@@ -254,6 +262,41 @@ def auto_hardware(tactic: "Auto", ctx: TacticContext):
 
 
 @attrs.frozen
+class Pipeline(_OneAxis):
+    axis: str
+    microbatches: int
+
+    def __str__(self) -> str:
+        return f"pipeline({self.axis!r}, microbatches={self.microbatches})"
+
+    def apply(self, ctx: TacticContext) -> None:
+        from ..frontend.pipeline import schedules
+
+        _axis(ctx, self.axis, str(self))
+        got = [sc for a, sc in schedules(ctx.graph) if a == self.axis and sc.microbatches == self.microbatches]
+        if not got:
+            raise TacticError(f"{self}: the traced program has no gp.pipeline scheduled by it: the function calls no "
+                              f"open gp.pipeline (one given neither axis nor microbatches), or calls it inside a "
+                              f"jax.jit whose cached trace predates the schedule")
+        ctx.log.append(TacticRecord(str(self), (), note=str(got[0]) + (f" ({len(got)} pipelines)" if len(got) > 1
+                                                                        else "")))
+
+
+def pipeline_decision(tactics: Sequence, mesh):
+    """The frontend's ``Decision`` for the Pipeline tactic among ``tactics`` (None: none), the
+    stages the size of its axis in ``mesh``."""
+    from ..frontend.pipeline import Decision
+
+    pipes = [t for t in tactics if isinstance(t, Pipeline)]
+    if not pipes:
+        return None
+    t = pipes[0]
+    if t.axis not in mesh.axis_names:
+        raise TacticError(f"{t}: mesh {mesh} has no axis {t.axis!r} (axes: {', '.join(mesh.axis_names)})")
+    return Decision(t.axis, mesh.shape[mesh.axis_names.index(t.axis)], t.microbatches)
+
+
+@attrs.frozen
 class Decided:
     """Decisions replayed by value id (``AutoResult.spmd``): the same program traced again has
     the same value ids; a decision whose value is missing or has another shape is skipped."""
@@ -281,7 +324,7 @@ class Decided:
         _record(ctx, self.text, before)
 
 
-TACTICS = (Batch, Rules, Zero, Auto, Decided)
+TACTICS = (Batch, Rules, Zero, Auto, Decided, Pipeline)
 
 
 # -- the public constructors -------------------------------------------------------------
@@ -335,6 +378,15 @@ def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30
     return Auto(tuple(axes), hardware, memory_limit, float(time_budget_s), int(seed), max_evaluations)
 
 
+def pipeline(axis: str, microbatches: int) -> Pipeline:
+    """Schedule the function's open ``gp.pipeline`` calls: stages over mesh axis ``axis``,
+    ``microbatches`` microbatches, layers / stages circular repeats (see the module docstring)."""
+    _check_axis_name(axis, "gp.tactics.pipeline")
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+        raise TacticError(f"gp.tactics.pipeline: microbatches must be a positive int, got {microbatches!r}")
+    return Pipeline(axis, microbatches)
+
+
 def check_tactics(tactics) -> tuple:
     if tactics is None:
         return ()
@@ -349,11 +401,16 @@ def check_tactics(tactics) -> tuple:
             if made in _CONSTRUCTORS:  # the constructor itself, not called
                 raise TacticError(f"gp.spmd: tactics got gp.tactics.{made} itself: call it, e.g. "
                                   f"tactics=[gp.tactics.{made}(...)]")
-            raise TacticError(f"gp.spmd: tactics must be a list of gp.tactics.batch/rules/zero/auto(...), got {t!r}")
+            raise TacticError(f"gp.spmd: tactics must be a list of gp.tactics.batch/rules/zero/auto/pipeline(...), "
+                              f"got {t!r}")
+    pipes = [str(t) for t in out if isinstance(t, Pipeline)]
+    if len(pipes) > 1:
+        raise TacticError(f"gp.spmd: tactics has {len(pipes)} pipeline schedules ({', '.join(pipes)}); the open "
+                          f"gp.pipeline calls take one")
     return out
 
 
-_CONSTRUCTORS = ("batch", "rules", "zero", "auto")
+_CONSTRUCTORS = ("batch", "rules", "zero", "auto", "pipeline")
 
 
 def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> TacticContext:
