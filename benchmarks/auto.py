@@ -369,6 +369,45 @@ def denselm(quick: bool, layers: int = 1) -> str:
                      "search", "decisions"], rows)
 
 
+def _stack_step(params, x):
+    """A training step through an open gp.pipeline (the schedule left to gp.auto_shard)."""
+    def loss(params, x):
+        return jnp.mean(gp.pipeline(lambda p, h: jnp.tanh(h @ p["w"]), params, x) ** 2)
+
+    g = jax.grad(loss)(params, x)
+    return jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+
+
+def pipelines(quick: bool) -> str:
+    """gp.auto_shard on a stack of 8 layers through an open gp.pipeline (abstract meshes,
+    h100-node presets): the schedule chosen or not, beside the plain stack's plan, and the cost of
+    searching the schedules (programs traced and searched)."""
+    S = jax.ShapeDtypeStruct
+    configs = [((8,), ("x",), 1, 8192), ((8,), ("x",), 8, 8192), ((2, 4), ("x", "y"), 4, 8192)]
+    rows = []
+    for mesh_shape, names, node, width in configs[: 2 if quick else 3]:
+        mesh = gp.Mesh.abstract(mesh_shape, names)
+        hw = gp.Hardware.preset("h100-node", node_size=node)
+        args = ({"w": S((8, width, width), F32)}, S((8192, width), F32))
+        t0 = time.perf_counter()
+        res = gp.auto_shard(_stack_step, mesh, *args, hardware=hw, time_budget_s=120)
+        search_s = time.perf_counter() - t0
+        base = next(t for t in res.pipelines if t.schedule is None)
+        chosen = "none"
+        if res.pipeline is not None:
+            t = next(t for t in res.pipelines if (t.axis, t.microbatches) == (res.pipeline.axis,
+                                                                              res.pipeline.microbatches))
+            sc = t.schedule
+            chosen = f"{t.axis}: {sc.stages} x {sc.microbatches} x {sc.repeats}, bubble {sc.bubble:.0%}"
+        rows.append([f"{mesh_shape} on {hw.name}", chosen, f"{res.cost.step_s * 1e3:.2f} ms",
+                     f"{base.step_s * 1e3:.2f} ms" if base.stage == "searched" else "over the limit",
+                     f"{res.cost.peak_memory_bytes / 2**30:.2f} GiB", str(len(res.pipelines)), f"{search_s:.1f} s"])
+        print(f"  pipelines {mesh_shape} {hw.name}: {chosen}, {res.cost.step_s * 1e3:.2f} ms, {search_s:.1f} s",
+              flush=True)
+    return md_table(["mesh, hardware", "pipeline chosen", "predicted step", "no pipeline", "peak", "programs",
+                     "auto_shard"], rows)
+
+
 def run(quick: bool) -> str:
     table, notes = reference(quick)
     text = ("## gp.auto_shard against hand-written plans (reference programs, 8 CPU devices)\n\n"
@@ -392,6 +431,12 @@ def run(quick: bool) -> str:
              "terms) run as Python and compiled by `numba.njit(cache=True)`, on random tables of the sizes the "
              "search meets (739 terms: a transformer block's training step; 18,000: 24 unrolled blocks; 8-64 "
              "candidates per call).\n\n" + ktable + "\n\n" + knote + "\n")
+    text += ("\n## Pipeline schedules: 8 stacked layers through an open gp.pipeline (abstract meshes)\n\n"
+             "A training step over weights f32[8, 8192, 8192] and a batch f32[8192, 8192]; gp.auto_shard prices "
+             "the plain stack (searched) and every schedule (stages over an axis dividing the layers, S / 2S / 4S "
+             "microbatches; screened, the best two searched). `pipeline chosen`: axis: stages x microbatches x "
+             "repeats. `programs`: the programs priced.\n\n"
+             + pipelines(quick) + "\n")
     text += ("\n## DenseLm layer (GSPMD paper), tpu-v3 preset, 16 GiB per core, forward\n\n" + denselm(quick) + "\n")
     text += (f"\n## The whole DenseLm ({LAYERS} layers scanned over stacked weights), tpu-v3 preset, 16 GiB per "
              "core, forward\n\nThe layer above decides a layer's weights alone; here the whole model's weights "

@@ -85,6 +85,11 @@ def _said(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
 
+def _shape(s: Schedule) -> str:
+    return (f"{s.stages} stages x {s.microbatches} microbatches x {s.repeats} repeats ({s.iterations} iterations, "
+            f"bubble {s.bubble:.1%})")
+
+
 def _trial(axis: str, m: int, sched, stage: str, res) -> PipelineTrial:
     return PipelineTrial(axis, m, sched, stage, res.cost.step_s, res.cost.peak_memory_bytes)
 
@@ -143,7 +148,7 @@ def _verdict(res, trials: list[PipelineTrial], why: list[str], found) -> str:
         t = next(t for t in trials if t.axis == res.pipeline.axis and t.microbatches == res.pipeline.microbatches)
         vs = (f"vs {base.step_s * 1e3:.4g} ms without a pipeline" if base is not None
               else "no plan without a pipeline fits")
-        return (f"pipeline chosen for {what}: {t.schedule} over mesh axis {t.axis!r} "
+        return (f"pipeline chosen for {what}: {_shape(t.schedule)} over mesh axis {t.axis!r} "
                 f"(gp.tactics.pipeline({t.axis!r}, {t.microbatches})); predicted {t.step_s * 1e3:.4g} ms, {vs}{tail}")
     if not piped and not skipped:
         return f"no pipeline for {what}: no schedule applies ({'; '.join(why)})"
@@ -151,8 +156,8 @@ def _verdict(res, trials: list[PipelineTrial], why: list[str], found) -> str:
         return (f"no pipeline for {what}: every schedule that applies was skipped ({skipped}: unbuildable or over "
                 f"the memory limit; the table says why)")
     b = min(piped, key=lambda t: t.step_s)
-    return (f"no pipeline for {what}: the best pipelined plan, {b.schedule} over mesh axis {b.axis!r}, is predicted "
-            f"{b.step_s * 1e3:.4g} ms vs {res.cost.step_s * 1e3:.4g} ms without{tail}")
+    return (f"no pipeline for {what}: the best pipelined plan, {_shape(b.schedule)} over mesh axis {b.axis!r}, is "
+            f"predicted {b.step_s * 1e3:.4g} ms vs {res.cost.step_s * 1e3:.4g} ms without{tail}")
 
 
 def _nothing_fits(base_error: BaseException, trials, why) -> BaseException:
