@@ -27,6 +27,14 @@ failed and why (``res.fallback``); none builds: a ``gp.ShardingError`` naming th
 
     res.constraints()     # [(value, NamedSharding)]: the intermediate annotations, for
                           # jax.lax.with_sharding_constraint under jax.jit (res.jax_shardings())
+
+Pipelines: when ``fn`` calls ``gp.pipeline`` with no schedule (an open pipeline: a stack of
+layers), a schedule is a different traced program, so ``gp.auto_shard`` searches several
+programs (api/auto_pipeline.py): the plain stack, and each schedule ``gp.tactics.pipeline(axis,
+microbatches)`` that applies with the other axes searched; the cheapest plan that fits wins.
+``res.pipeline`` is the schedule chosen (None: none), ``res.rules()`` starts with it, and
+``res.report()`` says why and lists every program priced (``res.pipelines``).
+``time_budget_s`` then caps each of those searches.
 """
 from __future__ import annotations
 
@@ -102,7 +110,8 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
     ``hardware=None``: the mesh's devices' (cost/machine.py: a GPU's or TPU's preset, CPU
     devices calibrated once and cached on disk; an abstract mesh: h100-node). Raises ``MemoryLimitError`` (a
-    gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device."""
+    gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device. Open
+    ``gp.pipeline`` calls in ``fn``: pipeline schedules are priced too (module docstring)."""
     from .api import Spmd
     from ..cost.machine import default_hardware
 

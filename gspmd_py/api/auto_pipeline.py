@@ -19,7 +19,7 @@ layers over a batch of B rows), ``gp.auto_shard`` compares programs:
    MemoryLimitError otherwise) wins; on a tie, no pipeline.
 
 Budgets are counts (evaluations, schedules), so the result depends only on the inputs and the
-seed. A schedule whose program cannot be built or searched (an error, or no plan under the
+seed (``time_budget_s``, the safety cap, applies to each search). A schedule whose program cannot be built or searched (an error, or no plan under the
 memory limit) is skipped and counted in ``res.report()``, never fatal; only when nothing fits
 at all is the no-pipeline search's error raised, with what the schedules gave.
 """

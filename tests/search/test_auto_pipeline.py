@@ -151,6 +151,8 @@ def test_auto_shard_pipelines_a_stack_where_only_a_pipeline_is_cheap_and_fits():
     base = trial[("", 0)]
     assert base.stage == "searched" and base.step_s > res.cost.step_s
     _run_and_replay(res, mesh, args)
+    js = res.jax_shardings()  # the pipelined plan under jax.jit's own partitioner
+    assert_same(js.jit()(*args), jax.tree_util.tree_map(jnp.asarray, sequential_step(*args)), rtol=2e-5, atol=2e-5)
     again = gp.auto_shard(train_step, mesh, *args, hardware=SLOW, memory_limit=LIMIT)
     assert again.pipeline == res.pipeline and again.in_shardings == res.in_shardings
     assert again.search.best.actions == res.search.best.actions and again.pipelines == res.pipelines
@@ -254,6 +256,10 @@ def test_bad_pipeline_tactics_are_clear_errors():
         gp.spmd(model, MESH, tactics=[gp.tactics.pipeline("model", 4)]).plan(*args)
     with pytest.raises(gp.TacticError, match="no gp.pipeline scheduled by it"):
         gp.spmd(sequential, MESH, tactics=[gp.tactics.pipeline("pipe", 4)]).plan(*args)
+    stack = jax.jit(model)  # traced once without a schedule: its cached trace is served again, no pipeline in it
+    gp.spmd(stack, MESH).plan(*args)
+    with pytest.raises(gp.TacticError, match="inside a jax.jit whose cached trace predates the schedule"):
+        gp.spmd(stack, MESH, tactics=[gp.tactics.pipeline("pipe", 4)]).plan(*args)
     with pytest.raises(gp.TacticError, match="2 pipeline schedules"):
         gp.spmd(model, MESH, tactics=[gp.tactics.pipeline("pipe", 4), gp.tactics.pipeline("data", 2)])
     with pytest.raises(gp.TacticError, match="microbatches must be a positive int"):
