@@ -46,7 +46,7 @@ def header(res) -> list[str]:
     s = res.search
     lines = [f"gp.auto_shard of {res.plan.fn_name} on {res.plan.mesh} ({res.hardware_text or s.hardware}): "
              f"{s.explored} candidates, {s.programs} programs priced in {s.seconds:.2f} s; searched axes "
-             f"{', '.join(s.axes)}" + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
+             f"{', '.join(s.axes) or 'none (a pipeline took every mesh axis)'}" + (f"; memory limit {bytes_text(s.memory_limit)}" if s.memory_limit else "")]
     if s.stopped_by == "time":
         lines.append(f"search stopped by the time cap (time_budget_s) before max_evaluations={s.max_evaluations}: "
                      f"this result depends on the machine's speed; raise time_budget_s for a reproducible one")

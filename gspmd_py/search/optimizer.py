@@ -565,7 +565,7 @@ def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_lim
     hw = hardware or Hardware.preset("h100-node")
     s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
     try:
-        states = baseline_states(ctx, s.classes, tuple(axes)) if axes else [("replicated", ())]
+        states = baseline_states(ctx, s.classes, tuple(axes)) if axes else []  # no axis: no hand plan
     except Exception as e:  # noqa: BLE001 - the hand plans are starting points: search from nothing
         s.skip(e)
         states = [("replicated", ())]

@@ -278,8 +278,7 @@ class Pipeline(_OneAxis):
             raise TacticError(f"{self}: the traced program has no gp.pipeline scheduled by it: the function calls no "
                               f"open gp.pipeline (one given neither axis nor microbatches), or calls it inside a "
                               f"jax.jit whose cached trace predates the schedule")
-        ctx.log.append(TacticRecord(str(self), (), note=str(got[0]) + (f" ({len(got)} pipelines)" if len(got) > 1
-                                                                        else "")))
+        ctx.log.append(TacticRecord(str(self), (), note=str(got[0])))
 
 
 def pipeline_decision(tactics: Sequence, mesh):

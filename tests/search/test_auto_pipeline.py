@@ -211,6 +211,15 @@ def test_a_schedule_that_fails_is_skipped_and_counted(monkeypatch):
     assert "1 schedule skipped" in text and "made to fail for the test" in text
 
 
+def test_nothing_fits_is_a_memory_limit_error_naming_the_schedules():
+    mesh = gp.Mesh.abstract((8,), ("x",))
+    with pytest.raises(gp.MemoryLimitError) as e:
+        gp.auto_shard(train_step, mesh, *(weights(8, 64), batch(64, 64)), hardware=SLOW, memory_limit=1024)
+    msg = str(e.value)
+    assert "smallest peak found is" in msg and "pipeline schedules tried for the open gp.pipeline calls" in msg
+    assert "pipeline('x', microbatches=8): 8x8x1: MemoryLimitError" in msg
+
+
 def test_schedules_that_apply():
     found = [OpenPipeline(8, 64, "f32[64,16]")]
     got, why = auto_pipeline.schedules_for(found, gp.Mesh.abstract((2, 4, 3), ("a", "b", "c")))
