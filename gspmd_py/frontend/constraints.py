@@ -27,6 +27,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from .annotate import OPEN, annotate_p
+from .manual import mesh_mismatch
 from ..errors import ShardingError, SpecError
 from ..mesh import Mesh
 
@@ -41,7 +42,11 @@ def tracing_mesh(mesh: Mesh | None) -> Iterator[None]:
     if mesh is None or not jax.sharding.get_abstract_mesh().empty:
         yield
         return
-    am = jax.sharding.AbstractMesh(mesh.shape, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.shape))
+    types = (AxisType.Auto,) * len(mesh.shape)
+    if mesh.is_abstract:
+        am = jax.sharding.AbstractMesh(mesh.shape, mesh.axis_names, axis_types=types)
+    else:  # with its devices' kind, as a jax.shard_map's concrete mesh of that shape has (frontend/manual.py)
+        am = jax.sharding.Mesh(mesh.jax_devices().reshape(mesh.shape), mesh.axis_names, axis_types=types).abstract_mesh
     with jax.sharding.use_abstract_mesh(am):
         yield
 
@@ -99,6 +104,9 @@ def constraint_errors(mesh: Mesh) -> Iterator[None]:
         if isinstance(e, ShardingError):
             raise
         text = str(e)
+        region = mesh_mismatch(text, mesh, _user_frame(e))
+        if region:
+            raise ShardingError(region) from e
         for pattern, say in _JAX_SAYS:
             m = pattern.search(text)
             if m is not None:

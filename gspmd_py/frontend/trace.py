@@ -3,7 +3,8 @@
 ``trace(fn, avals)`` runs ``jax.make_jaxpr`` and converts the jaxpr (``trace_jaxpr``):
 nested calls (jit/pjit, closed_call, remat/checkpoint, custom_jvp_call, custom_vjp_call,
 and other gp.spmd functions' ``spmd_call``) are inlined; scan/while/cond stay region ops
-whose bodies are nested Graphs; literals and closed-over arrays become constant Values.
+whose bodies are nested Graphs; a ``jax.shard_map`` stays one op, its operands and
+results annotated with its in_specs / out_specs (frontend/manual.py); literals and closed-over arrays become constant Values.
 
 A ``device_put`` inside the function is, per operand, a layout annotation (to a NamedSharding,
 as with_sharding_constraint) or an identity (see ``constraints.put_layout``).
@@ -34,7 +35,7 @@ from .annotate import annotate_p, spec_entries
 from .constraints import CONSTRAINTS, as_annotation, put_layout, tracing_mesh
 from .. import dtypes, jax_compat as compat
 from ..errors import ShardingError
-from . import shifts
+from . import manual, shifts
 from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
 INLINE = compat.CALL_PRIMITIVES | {"spmd_call"}
@@ -45,6 +46,7 @@ REGION = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("b
 # identities the tracer drops: ``name`` (jax.ad_checkpoint.checkpoint_name) only names a value for a
 # remat policy, which JAX applied when it differentiated the program (the policy sees it there)
 IDENTITY = {"name"}
+MANUAL = "shard_map"  # a manual SPMD region: one op, its boundary annotated by its specs (frontend/manual.py)
 _CALL_PARAMS = compat.CALL_PARAMS
 _open = compat.open_jaxpr
 
@@ -176,6 +178,10 @@ class _Builder:
                 for var, v, dst in zip(eqn.outvars, ins, eqn.params["devices"]):
                     env[var] = self._put(v, dst, ops, src, "/".join(scope))
                 continue
+            if name == MANUAL:  # its operands through annotations of its in_specs (frontend/manual.py)
+                manual.check(eqn.params, self.mesh, src)
+                dims = manual.in_dims(eqn.params, [v.rank for v in ins])
+                ins = [self.annotate(v, d, ops, src, "/".join(scope)) for v, d in zip(ins, dims)]
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
             op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=src, scope="/".join(scope),
                     effects=bool(eqn.effects))
@@ -192,6 +198,9 @@ class _Builder:
             if name in CONSTRAINTS:  # jax.lax.with_sharding_constraint / reshard: an annotation
                 as_annotation(op)
             ops.append(op)
+            if name == MANUAL:  # its results through annotations of its out_specs
+                dims = manual.out_dims(eqn.params, [v.rank for v in outs])
+                outs = [self.annotate(v, d, ops, src, "/".join(scope)) for v, d in zip(outs, dims)]
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
 

@@ -1,6 +1,6 @@
 """Sharding rules, one module per op family, all in one registry (see rule.py for the notation)."""
-from . import (callback, control, conv, dot, elementwise, gather, keys, linalg, program, ragged, random, reduce,  # noqa: F401
-               replicated, rotate, shape, split, stack)  # (registers the rules and their facts)
+from . import (callback, control, conv, dot, elementwise, gather, keys, linalg, manual, program, ragged, random,  # noqa: F401
+               reduce, replicated, rotate, shape, split, stack)  # (registers the rules and their facts)
 from .facts import OpFacts
 from .registry import check_facts, declare, declared, facts_of, has_rule, register, registered, rule_for
 from .rule import (BROADCAST, DOT, ELEMENTWISE, HANDLER_NAMES, KINDS, NEED_REPLICATION, OTHER, PASS, PREFIX,

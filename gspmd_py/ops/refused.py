@@ -24,8 +24,6 @@ REFUSED = MappingProxyType({
     "psum_scatter": _NAMED_AXIS,
     "reduce_scatter": _NAMED_AXIS,
     "axis_index": _NAMED_AXIS,
-    "shard_map": ("a manual SPMD region (jax.shard_map) inside the function: gspmd_py does not partition "
-                  "inside it; call the gp.spmd function from outside the shard_map instead"),
     "xla_pmap": "jax.pmap inside the function: gspmd_py partitions one program over the mesh instead",
     "after_all": _TOKEN,
     "create_token": _TOKEN,

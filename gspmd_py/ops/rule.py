@@ -62,7 +62,7 @@ HANDLER_NAMES = frozenset({
     "elementwise", "transpose", "broadcast", "reshape", "iota", "generic", "dot", "reduce", "argreduce",
     "cumulative", "along_dim", "conv", "reduce_window", "select_and_scatter_add", "pad", "slice", "rev",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "split", "control", "replicated", "random_bits",
-    "stack", "host_callback", "pure_callback", "scatter", "rotate", "ragged_dot", "batched", "gather",
+    "stack", "host_callback", "pure_callback", "scatter", "rotate", "ragged_dot", "batched", "gather", "manual",
 })
 
 TensorDims = tuple[tuple[int, ...], ...]  # per dim: factor ids, major first

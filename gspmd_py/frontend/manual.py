@@ -1,0 +1,133 @@
+"""A ``jax.shard_map`` inside a gp.spmd function: what the tracer reads of it.
+
+The region (primitive ``shard_map``) stays one op (its rule: ops/manual.py; its local
+computation: partitioner/manual_handler.py). Its boundary is fixed by its specs, which the
+tracer turns into ``gp.annotate`` ops: one per operand (its ``in_specs`` entry) before the
+region and one per result (its ``out_specs`` entry) after it. An axis a spec does not name
+is replicated there (JAX's own meaning of a spec: with ``check_vma`` the region's results
+are checked to be; without it, the user's promise, as JAX takes it).
+
+The region's mesh must be the gp.spmd function's mesh (same axis names and sizes: an
+abstract mesh or a ``jax.sharding.Mesh`` of that shape), and every one of its axes manual
+(a partial-auto region, ``axis_names=`` a subset, is refused with the axes it leaves to
+the compiler).
+
+Parameter names across the JAX releases gspmd_py supports: ``mesh``, ``in_specs``,
+``out_specs``, ``check_vma`` and ``newly_manual_axes`` (0.10 to 0.12); older releases'
+``in_names`` / ``out_names`` (per dim a tuple of axes), ``auto`` and ``check_rep`` are read
+too.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Optional, Sequence
+
+from ..errors import ShardingError, UnsupportedOpError
+
+Dims = tuple[tuple[str, ...], ...]
+
+
+def mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(axis names, sizes) of a gp.Mesh, a jax.sharding.Mesh or an AbstractMesh."""
+    names = tuple(mesh.axis_names)
+    sizes = getattr(mesh, "axis_sizes", None)
+    if sizes is None:
+        shape = mesh.shape
+        sizes = tuple(shape[n] for n in names) if isinstance(shape, Mapping) else tuple(shape)
+    return names, tuple(int(s) for s in sizes)
+
+
+def manual_axes(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The region's manual axes, in mesh order."""
+    names, _ = mesh_axes(params["mesh"])
+    for key in ("newly_manual_axes", "manual_axes"):
+        if params.get(key) is not None:
+            chosen = set(params[key])
+            return tuple(n for n in names if n in chosen)
+    auto = set(params.get("auto") or ())
+    return tuple(n for n in names if n not in auto)
+
+
+def label(where: str) -> str:
+    return "jax.shard_map region" + (f" at {where}" if where else "")
+
+
+def check(params: Mapping[str, Any], mesh: Optional[Any], where: str) -> None:
+    """A clear error unless the region's mesh is ``mesh`` (None: not known here) and all manual."""
+    names, sizes = mesh_axes(params["mesh"])
+    if mesh is not None:
+        want_names, want_sizes = mesh_axes(mesh)
+        want = dict(zip(want_names, want_sizes))
+        have = dict(zip(names, sizes))
+        bad = next((n for n in names if n not in want), None) or next(
+            (n for n in want_names if n not in have or have[n] != want[n]), None) or (
+            None if names == want_names else names[0])
+        if bad is not None:
+            got = f"size {have[bad]}" if bad in have else "absent"
+            size = f"size {want[bad]}" if bad in want else "absent"
+            raise ShardingError(
+                f"{label(where)}: its mesh {dict(have)} is not the gp.spmd function's mesh {dict(want)}: mesh axis "
+                f"{bad!r} is {got} in the shard_map and {size} in the gp.spmd mesh (a shard_map inside a gp.spmd "
+                f"function must use the same axis names and sizes, in the same order)")
+    manual = manual_axes(params)
+    auto = tuple(n for n in names if n not in manual)
+    if auto:
+        raise UnsupportedOpError(
+            f"{label(where)} is manual over {manual} only, leaving mesh axes {auto} to the compiler "
+            f"(partial-auto shard_map): gspmd_py supports shard_map regions manual over every mesh axis "
+            f"(drop axis_names=, or annotate the values outside the region over {auto})")
+
+
+_MISMATCH = re.compile(r"context mesh (\w*Mesh\(.*?\)) should match the mesh passed to\s+shard_map (\w*Mesh\(.*?\))",
+                       re.S)
+_AXIS = re.compile(r"'(\w+)': (\d+)")
+
+
+def mesh_mismatch(text: str, mesh: Any, where: str) -> str:
+    """The error to raise for JAX's own refusal of a shard_map whose mesh is not the context
+    mesh (gp.spmd's, while it traces), '' when ``text`` is not that refusal."""
+    m = _MISMATCH.search(text)
+    if m is None:
+        return ""
+    have = {n: int(s) for n, s in _AXIS.findall(m[2])}
+    try:
+        check({"mesh": _Named(tuple(have), tuple(have.values()))}, mesh, where)
+    except ShardingError as e:
+        return str(e)
+    return (f"{label(where)}: its mesh {m[2]} is not the gp.spmd function's mesh {mesh} (a shard_map inside a "
+            f"gp.spmd function must use a mesh of the same axis names, sizes and device kind)")
+
+
+class _Named:
+    def __init__(self, names: tuple[str, ...], sizes: tuple[int, ...]):
+        self.axis_names, self.axis_sizes = names, sizes
+
+
+def _spec_dims(spec: Any, ndim: int) -> Dims:
+    """Per dim the mesh axes of a PartitionSpec (or an older ``names`` dict: dim -> axes)."""
+    if isinstance(spec, Mapping):
+        return tuple(tuple(spec.get(d, ())) for d in range(ndim))
+    out = []
+    for entry in tuple(spec)[:ndim]:
+        if entry is None:
+            out.append(())
+        elif isinstance(entry, (tuple, list)):
+            out.append(tuple(str(a) for a in entry))
+        else:
+            out.append((str(entry),))
+    return tuple(out) + ((),) * (ndim - len(out))
+
+
+def in_dims(params: Mapping[str, Any], ndims: Sequence[int]) -> list[Dims]:
+    specs = params["in_specs"] if "in_specs" in params else params["in_names"]
+    return [_spec_dims(s, n) for s, n in zip(specs, ndims)]
+
+
+def out_dims(params: Mapping[str, Any], ndims: Sequence[int]) -> list[Dims]:
+    specs = params["out_specs"] if "out_specs" in params else params["out_names"]
+    return [_spec_dims(s, n) for s, n in zip(specs, ndims)]
+
+
+def body(params: Mapping[str, Any]):
+    """The region's body jaxpr (open: the region's consts are its operands)."""
+    return params["jaxpr"]
