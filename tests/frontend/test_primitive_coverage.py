@@ -10,6 +10,8 @@ functions (and their gradients) emit when gspmd_py traces them.
 """
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.ad_checkpoint
 import jax.extend.core.primitives as jex_prims
@@ -22,7 +24,7 @@ from jax import lax
 import gspmd_py as gp
 from gspmd_py.frontend import trace as tracer
 from gspmd_py.frontend.constraints import CONSTRAINTS
-from gspmd_py.ops import has_rule
+from gspmd_py.ops import has_rule, rule_for
 from gspmd_py.ops.refused import REFUSED
 
 
@@ -56,13 +58,22 @@ def test_refusals_are_one_line_reasons_and_no_refused_primitive_has_a_rule():
 
 
 def test_refused_primitive_error_says_why():
-    """A shard_map inside the function: an UnsupportedOpError with the refusal's reason."""
+    """A refused primitive: an UnsupportedOpError with the refusal's reason (a jax.shard_map
+    inside the function is supported: tests/partitioner/test_manual_regions.py)."""
+    op = types.SimpleNamespace(prim="xla_pmap", scope="", source="f.py:3", regions=[])
+    with pytest.raises(gp.UnsupportedOpError, match="'xla_pmap' .*at f.py:3.*jax.pmap inside the function"):
+        rule_for(op)
+
+
+def test_shard_map_inside_the_function_is_supported():
     mesh = gp.Mesh((8,), ("i",))
     jm = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:8])
     inner = jax.shard_map(lambda x: lax.psum(x, "i"), mesh=jm, in_specs=jax.sharding.PartitionSpec("i"),
                           out_specs=jax.sharding.PartitionSpec())
-    with jax.set_mesh(jm), pytest.raises(gp.UnsupportedOpError, match="'shard_map'.*manual SPMD region"):
-        gp.spmd(lambda x: inner(x) * 2, mesh).plan(jax.ShapeDtypeStruct((8,), jnp.float32))
+    x = jnp.arange(16.0)
+    with jax.set_mesh(jm):
+        got = gp.spmd(lambda x: inner(x) * 2, mesh)(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(x).reshape(8, 2).sum(0) * 2)
 
 
 # -- the primitives a broad public surface emits -----------------------------------------------------------
