@@ -1,4 +1,4 @@
-"""A jax.shard_map (manual SPMD region) inside a gp.spmd function (docs/shard_map.md).
+"""A jax.shard_map (manual SPMD region) inside a gp.spmd function (docs/guides/shard_map.md).
 
 The region's operands are resharded to its in_specs, its body runs per device as written
 (collectives over the user's axis names, mapped onto the plan's sub-axes when it splits one),
