@@ -78,15 +78,17 @@ def test_psum_region_between_differently_sharded_ops(mi, rows, cols, extra, dtyp
 def test_region_collectives_are_in_the_plan_and_the_cost():
     mesh = gp.Mesh((2, 4), ("x", "y"))
 
-    def body(v):
-        return lax.psum(v, "x") * (lax.axis_index("y") + 1).astype(v.dtype)
+    def body(v, w):
+        return lax.psum(v @ w, "x") * (lax.axis_index("y") + 1).astype(v.dtype)
 
-    region = jax.shard_map(body, mesh=jmesh_of(mesh), in_specs=JP("x", None), out_specs=JP(None, "y"))
-    fn = lambda x: jnp.sin(region(jnp.cos(x))).sum(0)  # noqa: E731
-    plan = compare(fn, mesh, (rand((8, 4)),), (gp.P(None, "y"),))
+    region = jax.shard_map(body, mesh=jmesh_of(mesh), in_specs=(JP("x", None), JP()), out_specs=JP(None, "y"))
+    fn = lambda x, w: jnp.sin(region(jnp.cos(x), w)).sum(0)  # noqa: E731
+    plan = compare(fn, mesh, (rand((8, 4)), rand((4, 64), seed=1)), (gp.P(None, "y"), None))
     [c] = [c for c in plan.collectives if c.op.startswith("shard_map")]
-    assert (c.kind, c.axes, c.bytes_per_device) == ("all-reduce", ("x",), 4 * 4 * 4)
-    assert plan.cost(gp.Hardware.preset("h100-node")).comm_bytes >= c.bytes_per_device
+    assert (c.kind, c.axes, c.bytes_per_device) == ("all-reduce", ("x",), 4 * 64 * 4)
+    cost = plan.cost(gp.Hardware.preset("h100-node"))
+    assert cost.comm_bytes >= c.bytes_per_device
+    assert cost.flops >= 2 * 4 * 4 * 64  # the body's local dot, as the program runs it
     assert "shard_map" in plan.report()
 
 
