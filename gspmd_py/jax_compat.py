@@ -19,6 +19,8 @@ What changed, by release (the functions below read every form):
   ``jax_remat3`` / ``jax_custom_vjp3``: ``jax.checkpoint`` and ``custom_vjp``) carry their own
   expansion into ordinary primitives (``to_lojax``): ``is_high`` / ``expand_high`` expand any
   of them, so the next one needs no code here.
+- shard_map's parameters: ``in_specs`` / ``out_specs`` / ``newly_manual_axes`` (0.10 to 0.12;
+  older: ``in_names`` / ``out_names`` / ``auto``): ``shard_map_specs``, ``shard_map_manual``.
 - The differentiated body of a checkpointed loop is staged as ``eval_jaxpr`` (0.12; was
   ``closed_call``): a call like the others (``CALL_PRIMITIVES``).
 """
@@ -95,6 +97,27 @@ def scan_counts(params: dict) -> tuple[int, int]:
         return int(params["num_consts"]), int(params["num_carry"])
     consts, carry, _ = params["ft_in"].unpack()
     return len(consts), len(carry)
+
+
+# -- shard_map ---------------------------------------------------------------------------------------
+def shard_map_specs(params: dict) -> tuple[tuple, tuple]:
+    """(in specs, out specs) of a ``shard_map`` equation: PartitionSpecs (``in_specs`` /
+    ``out_specs``, 0.10 to 0.12), or the older ``in_names`` / ``out_names`` (per operand a dict
+    dim -> axes), as they are."""
+    ins = params["in_specs"] if "in_specs" in params else params["in_names"]
+    outs = params["out_specs"] if "out_specs" in params else params["out_names"]
+    return tuple(ins), tuple(outs)
+
+
+def shard_map_manual(params: dict, names: Sequence[str]) -> tuple[str, ...]:
+    """The manual axes of a ``shard_map`` equation over a mesh of axes ``names``, in mesh order:
+    ``newly_manual_axes`` (0.10 to 0.12), ``manual_axes``, or every axis but ``auto`` (older)."""
+    for key in ("newly_manual_axes", "manual_axes"):
+        if params.get(key) is not None:
+            chosen = set(params[key])
+            return tuple(n for n in names if n in chosen)
+    auto = set(params.get("auto") or ())
+    return tuple(n for n in names if n not in auto)
 
 
 # -- jaxprs ------------------------------------------------------------------------------------

@@ -12,16 +12,17 @@ abstract mesh or a ``jax.sharding.Mesh`` of that shape), and every one of its ax
 (a partial-auto region, ``axis_names=`` a subset, is refused with the axes it leaves to
 the compiler).
 
-Parameter names across the JAX releases gspmd_py supports: ``mesh``, ``in_specs``,
-``out_specs``, ``check_vma`` and ``newly_manual_axes`` (0.10 to 0.12); older releases'
-``in_names`` / ``out_names`` (per dim a tuple of axes), ``auto`` and ``check_rep`` are read
-too.
+The equation's parameters are read through jax_compat (``shard_map_specs``,
+``shard_map_manual``): ``in_specs`` / ``out_specs`` and ``newly_manual_axes`` (0.10 to 0.12),
+or older releases' ``in_names`` / ``out_names`` and ``auto``. ``check_vma`` (``check_rep``)
+is not read: an out_spec's replication is JAX's check or the user's promise either way.
 """
 from __future__ import annotations
 
 import re
 from typing import Any, Mapping, Optional, Sequence
 
+from .. import jax_compat as compat
 from ..errors import ShardingError, UnsupportedOpError
 
 Dims = tuple[tuple[str, ...], ...]
@@ -39,13 +40,7 @@ def mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 def manual_axes(params: Mapping[str, Any]) -> tuple[str, ...]:
     """The region's manual axes, in mesh order."""
-    names, _ = mesh_axes(params["mesh"])
-    for key in ("newly_manual_axes", "manual_axes"):
-        if params.get(key) is not None:
-            chosen = set(params[key])
-            return tuple(n for n in names if n in chosen)
-    auto = set(params.get("auto") or ())
-    return tuple(n for n in names if n not in auto)
+    return compat.shard_map_manual(dict(params), mesh_axes(params["mesh"])[0])
 
 
 def label(where: str) -> str:
@@ -119,13 +114,11 @@ def _spec_dims(spec: Any, ndim: int) -> Dims:
 
 
 def in_dims(params: Mapping[str, Any], ndims: Sequence[int]) -> list[Dims]:
-    specs = params["in_specs"] if "in_specs" in params else params["in_names"]
-    return [_spec_dims(s, n) for s, n in zip(specs, ndims)]
+    return [_spec_dims(s, n) for s, n in zip(compat.shard_map_specs(dict(params))[0], ndims)]
 
 
 def out_dims(params: Mapping[str, Any], ndims: Sequence[int]) -> list[Dims]:
-    specs = params["out_specs"] if "out_specs" in params else params["out_names"]
-    return [_spec_dims(s, n) for s, n in zip(specs, ndims)]
+    return [_spec_dims(s, n) for s, n in zip(compat.shard_map_specs(dict(params))[1], ndims)]
 
 
 def body(params: Mapping[str, Any]):

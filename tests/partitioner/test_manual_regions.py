@@ -19,6 +19,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as JP
 
 import gspmd_py as gp
+from gspmd_py import jax_compat as compat
 from partition_util import MESH_SHAPES, assert_same, examples, kinds, mesh_of, rand, spec_for
 
 DTYPES = ("float32", "bfloat16", "int32")
@@ -221,6 +222,16 @@ def test_region_inside_scan():
 
     plan = compare(fn, mesh, (rand((4, 4), seed=7), rand((3, 4, 2), seed=8) / 2), (gp.P("x"), None))
     assert any(c.in_loop for c in plan.collectives if c.op.startswith("shard_map"))
+
+
+def test_shard_map_params_read_on_this_jax():
+    region = jax.shard_map(lambda a, b: (a, b), mesh=jmesh((2, 4), ("x", "y")), in_specs=(JP("x"), JP(None, "y")),
+                           out_specs=(JP("x"), JP(None, "y")))
+    [eqn] = jax.make_jaxpr(region)(jnp.ones(8), jnp.ones((2, 8))).jaxpr.eqns
+    assert eqn.primitive.name == "shard_map"
+    ins, outs = compat.shard_map_specs(eqn.params)
+    assert (tuple(ins), tuple(outs)) == ((JP("x"), JP(None, "y")),) * 2
+    assert compat.shard_map_manual(eqn.params, ("x", "y")) == ("x", "y")
 
 
 # -- errors -----------------------------------------------------------------------------------------
