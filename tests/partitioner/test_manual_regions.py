@@ -56,7 +56,7 @@ def compare(fn, mesh, args, in_specs=None, out_specs=None, dtype="float32"):
 # -- psum, surrounding ops sharded otherwise, uneven outer shapes ---------------------------------
 
 @examples(10)
-@given(mi=st.integers(0, len(MESH_SHAPES) - 1), rows=st.integers(1, 2), cols=st.sampled_from([1, 3, 4, 8]),
+@given(mi=st.integers(0, len(MESH_SHAPES) - 1), rows=st.integers(1, 2), cols=st.sampled_from([0, 1, 3, 4, 8]),
        extra=st.integers(0, 3), dtype=st.sampled_from(DTYPES), data=st.data())
 def test_psum_region_between_differently_sharded_ops(mi, rows, cols, extra, dtype, data):
     mesh = mesh_of(mi)
@@ -73,7 +73,7 @@ def test_psum_region_between_differently_sharded_ops(mi, rows, cols, extra, dtyp
     spec = data.draw(spec_for(mesh, 2, sub_axes=True))
     out = data.draw(spec_for(mesh, 2))
     plan = compare(fn, mesh, (x,), (spec,), out, dtype)
-    assert "all-reduce" in kinds(plan)
+    assert ("all-reduce" in kinds(plan)) == (cols > 0)  # an empty region computes nothing
 
 
 def test_region_collectives_are_in_the_plan_and_the_cost():
