@@ -21,6 +21,9 @@ declare("reduce_scatter", facts=F.OpFacts(F.ZERO, collective="reduce-scatter", c
                                           combinable=True))
 declare("psum_scatter", facts=F.OpFacts(F.ZERO, collective="reduce-scatter", collective_reduce="sum"))
 declare("all_to_all", facts=F.OpFacts(F.ZERO, collective="all-to-all"))
+# only inside a user's shard_map region (partitioner/manual_body.py): its operand moves, its output
+# buffer and offsets do not (program_index.py counts the operand's bytes only)
+declare("ragged_all_to_all", facts=F.OpFacts(F.ZERO, collective="all-to-all"))
 declare("ppermute", facts=F.OpFacts(F.ZERO, collective="collective-permute"))
 declare("axis_index", facts=F.OpFacts(F.FREE))
 declare("device_put", facts=F.OpFacts(F.ZERO))

@@ -229,8 +229,14 @@ def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tup
 def _emitted(eqn) -> Emitted:
     a = eqn.params.get("axes", eqn.params.get("axis_name"))
     axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
-    return Emitted(axes, str(eqn.invars[0].aval.dtype), _nbytes(eqn.invars), len(eqn.invars),
+    return Emitted(axes, str(eqn.invars[0].aval.dtype), _nbytes(_moved(eqn)), len(eqn.invars),
                    eqn.params.get("axis_index_groups") is not None, bool(eqn.params.get("tiled")))
+
+
+def _moved(eqn) -> list:
+    """The operands a collective sends: all of them, but a ragged all-to-all's data operand only
+    (its output buffer and offsets stay)."""
+    return eqn.invars[:1] if eqn.primitive.name == "ragged_all_to_all" else eqn.invars
 
 
 def _nbytes(vs) -> int:
@@ -257,10 +263,11 @@ def _record(eqn, facts, ids: tuple[int, ...], text: str, in_loop: bool, fine: Fi
     a = eqn.params.get("axes", eqn.params.get("axis_name"))
     axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
     aval = eqn.invars[0].aval
-    nbytes = _nbytes(eqn.invars)
+    moved = _moved(eqn)
+    nbytes = _nbytes(moved)
     group = int(np.prod([fine.size_of[a] for a in axes], dtype=np.int64))
     # several operands (a combined all-reduce): the shape of the buffer they make together
-    shape = tuple(aval.shape) if len(eqn.invars) == 1 else (sum(math.prod(v.aval.shape) for v in eqn.invars),)
+    shape = tuple(aval.shape) if len(moved) == 1 else (sum(math.prod(v.aval.shape) for v in moved),)
     return Collective(facts.collective, tuple(str(r) for r in fine.coarse(axes)), nbytes, text,
                       op_id=ids[0] if len(ids) == 1 else -1, dtype=str(aval.dtype), shape=shape,
                       reduce=facts.collective_reduce, tensors=max(1, len(ids)), group_size=group, in_loop=in_loop)

@@ -152,6 +152,23 @@ def test_moe_dispatch_all_to_all(mi, per, d, dtype, data):
     assert {"all-to-all", "all-gather"} <= set(kinds(plan))
 
 
+def test_ragged_all_to_all_region_is_planned_and_priced():
+    """MoE dispatch by ragged_all_to_all (XLA:CPU cannot run its opcode: planned only): one
+    all-to-all over x in plan.collectives, the bytes of the data operand it sends."""
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+
+    def body(op, out, io, ss, oo, rs):
+        return lax.ragged_all_to_all(op[0], out[0], io[0], ss[0], oo[0], rs[0], axis_name="x")[None]
+
+    region = jax.shard_map(body, mesh=jmesh_of(mesh), in_specs=(JP("x"),) * 6, out_specs=JP("x"))
+    S = jax.ShapeDtypeStruct
+    args = (S((2, 6), jnp.float32), S((2, 6), jnp.float32)) + (S((2, 2), jnp.int32),) * 4
+    plan = gp.spmd(lambda *a: region(*a) * 2, mesh).plan(*args)
+    [c] = plan.collectives
+    assert (c.kind, c.axes, c.bytes_per_device, c.shape) == ("all-to-all", ("x",), 6 * 4, (6,))
+    assert "ragged_all_to_all" in plan.spmd_text()
+
+
 # -- ppermute ring, axis_index ----------------------------------------------------------------------
 
 @examples(8)
