@@ -9,6 +9,8 @@ them equation by equation, except:
   re-issued through ``jax.lax`` with each user axis name replaced by its fine sub-axes (a
   mesh axis "y" that the plan splits into "y:0", "y:1" is the tuple of both, major first,
   which is how JAX linearises a tuple of axes);
+* a collective over size-1 mesh axes only (which the program has no fine axis for) is what it
+  computes on one device (an identity, a new or dropped unit dim, ``axis_index`` 0);
 * ``pvary`` / ``pcast`` (varying-axes casts of ``check_vma``) are identities: the program
   has no varying-axes types;
 * calls (jit, closed_call, custom_jvp/vjp, checkpoint) are inlined and scan / while / cond
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Literal
 
@@ -41,8 +44,30 @@ def _one(names, amap: AxisMap):
     return axes[0] if len(axes) == 1 else axes
 
 
+def _single(name: str, p: Mapping[str, Any], xs: list) -> list | None:
+    """A collective over mesh axes of size 1 only (no fine axes: the program has none of them):
+    what it computes on one device (None: not such a collective)."""
+    x = xs[0] if xs else None
+    if name in ("psum", "psum_invariant", "pmax", "pmin", "pmax_invariant", "pmin_invariant"):
+        return list(xs)
+    if name in ("all_gather", "all_gather_invariant"):
+        return [x if p["tiled"] else jnp.expand_dims(x, p["all_gather_dimension"])]
+    if name == "reduce_scatter":
+        return [x if p["tiled"] else jnp.squeeze(x, p["scatter_dimension"])]
+    if name == "all_to_all":  # the primitive's shapes are tiled ones (lax.all_to_all adds and drops the unit dims)
+        return [x]
+    if name == "ppermute":
+        return [x if (0, 0) in tuple(map(tuple, p["perm"])) else jnp.zeros_like(x)]
+    if name == "axis_index":
+        return [jnp.int32(0)]
+    return None
+
+
 def _collective(name: str, p: Mapping[str, Any], xs: list, amap: AxisMap) -> list | None:
     """The equation re-issued through jax.lax over fine axes (None: not a collective)."""
+    named = p.get("axes", p.get("axis_name"))
+    if named is not None and not _axes(named, amap):
+        return _single(name, p, xs)
     g = p.get("axis_index_groups")
     if name in ("psum", "psum_invariant", "pmax", "pmin", "pmax_invariant", "pmin_invariant"):
         fn = {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}[name.split("_")[0]]
@@ -54,9 +79,9 @@ def _collective(name: str, p: Mapping[str, Any], xs: list, amap: AxisMap) -> lis
     if name == "reduce_scatter":
         return [lax.psum_scatter(xs[0], _one(p["axis_name"], amap), scatter_dimension=p["scatter_dimension"],
                                  axis_index_groups=g, tiled=p["tiled"])]
-    if name == "all_to_all":
+    if name == "all_to_all":  # the primitive's shapes are tiled ones whatever its ``tiled``
         return [lax.all_to_all(xs[0], _one(p["axis_name"], amap), p["split_axis"], p["concat_axis"],
-                               axis_index_groups=g, tiled=p.get("tiled", False))]
+                               axis_index_groups=g, tiled=True)]
     if name == "ppermute":
         return [lax.ppermute(xs[0], _one(p["axis_name"], amap), perm=p["perm"])]
     if name == "axis_index":

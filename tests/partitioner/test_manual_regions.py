@@ -191,6 +191,37 @@ def test_ppermute_ring_and_axis_index(mi, cols, dtype, data):
     assert "collective-permute" in kinds(plan)
 
 
+def test_collectives_over_a_size_one_axis():
+    """A mesh axis of size 1 has no axis in the program: its collectives are what they compute
+    on one device (unit dims made or dropped, axis_index 0), next to ones over a real axis."""
+    mesh = gp.Mesh((1, 8), ("a", "x"))
+
+    def body(v):
+        s = lax.psum(v, "a") + lax.pmax(v, "a") + lax.axis_index("a")
+        g = lax.all_gather(v, "a", tiled=True) + lax.all_gather(v, "a", axis=1)[:, 0]
+        t = lax.all_to_all(v, "a", 0, 0, tiled=True) + lax.all_to_all(v[None], "a", 0, 1)[:, 0]
+        r = lax.ppermute(v, "a", [(0, 0)]) + lax.psum_scatter(v[None], "a", scatter_dimension=0)
+        return s + g + t + r + lax.psum(v, "x") + lax.axis_index(("a", "x"))
+
+    region = jax.shard_map(body, mesh=jmesh((1, 8), ("a", "x")), in_specs=JP("x"), out_specs=JP("x"),
+                           check_vma=False)
+    compare(region, mesh, (rand((16,), seed=9),), (gp.P("x"),))
+
+
+def test_untiled_collectives():
+    """all_gather / all_to_all / psum_scatter with tiled=False (a new or dropped mapped dim)."""
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+
+    def body(v):  # v [2, 4]
+        g = lax.all_gather(v, "y", axis=1)  # [2, 4, 4]
+        t = lax.all_to_all(v, "y", 1, 0)  # [4, 2]: the y-th column of every device's v
+        s = lax.psum_scatter(g, "y", scatter_dimension=1)  # [2, 4]
+        return g.sum(1) + t.T + s
+
+    region = jax.shard_map(body, mesh=jmesh_of(mesh), in_specs=JP("x", "y"), out_specs=JP("x", "y"))
+    compare(lambda x: region(x * 2), mesh, (rand((4, 16), seed=10),), (gp.P("y", None),))
+
+
 # -- grad, vmap, scan -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mi", range(len(MESH_SHAPES)))
