@@ -313,14 +313,15 @@ class Propagation:
     def _kids(self, op: Op) -> tuple:
         """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
         dim, size), cached per value while it is unchanged."""
-        out = []
-        cache, state, intern = self._ts, self.state, self._memo.intern
-        for v in self.tensors[op.id]:
-            k = cache.get(v.id)
-            if k is None:
-                st = state[v.id]
-                k = cache[v.id] = intern((tuple(s.axes for s in st), tuple(s.prio for s in st), v.size))
-            out.append(k)
+        cache = self._ts
+        tensors = self.tensors[op.id]
+        out = [cache.get(v.id) for v in tensors]
+        if None in out:
+            state, intern = self.state, self._memo.intern
+            for t, v in enumerate(tensors):
+                if out[t] is None:
+                    st = state[v.id]
+                    out[t] = cache[v.id] = intern((tuple([s.axes for s in st]), tuple([s.prio for s in st]), v.size))
         return tuple(out)
 
     def _apply(self, op: Op, rule: OpRule, forward: bool, i: int) -> list[int]:
