@@ -44,7 +44,7 @@ from jax.extend.core import ClosedJaxpr, Literal
 from .. import jax_compat as compat
 from ..ops import facts_of
 from . import variadic
-from .program_index import Body, EqnIndex, ProgramIndex
+from .program_index import Body, EqnIndex, ProgramIndex, equations_of
 
 DEFAULT_THRESHOLD_BYTES = 30 * 2**20  # as XLA's GPU all-reduce combiner
 
@@ -334,4 +334,4 @@ def _group_eqns(body: Body, g: Group, consts: set, axis_env) -> Optional[list]:
             return None
         rename[o] = mine
     new = lambda vs: [v if isinstance(v, Literal) else rename.get(v, v) for v in vs]  # noqa: E731
-    return [e.replace(invars=new(e.invars), outvars=new(e.outvars)) for e in j.eqns]
+    return [e.replace(invars=new(e.invars), outvars=new(e.outvars)) for e in equations_of(j)]

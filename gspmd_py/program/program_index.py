@@ -227,6 +227,13 @@ def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tup
     bodies[path] = Body(path, jaxpr, tuple(mine), loop, sub.param, sub.position, sub.closed)
 
 
+def equations_of(jaxpr) -> list:
+    """A jaxpr's equations in order: for the combiner's splice (combine.py), which reads the
+    small program it traces for one merged group here (this module is the one reader of
+    equations)."""
+    return list(jaxpr.eqns)
+
+
 def _emitted(eqn) -> Emitted:
     a = eqn.params.get("axes", eqn.params.get("axis_name"))
     axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
