@@ -27,7 +27,9 @@ here: the rewrite retraces every body it touches (new variables, new concatenati
 slices around each merged collective), so a patched index would have to mirror JAX's
 retrace equation by equation, a second reader of the program in disguise; indexing the
 result is the one reader run once more, and only when something merged (where nothing
-merges, the program and its index are kept as they are: no retrace).
+merges, the program and its index are kept as they are: no retrace). The search's pricer
+asks for ``splice=True``: the same program built without retracing the equations no group
+touches (each merged group is traced alone and spliced in; ``_splice_body``).
 """
 from __future__ import annotations
 
