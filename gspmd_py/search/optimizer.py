@@ -84,8 +84,8 @@ peak-memory walks; a name stack's scope parsed once; one OpPlan per distinct pro
 point classes' users map built once (it was rebuilt per input). On 24 searches
 (benchmarks/results/notes-2026-11-26-search-speed.md) plans, plan texts, top-5 prices and
 counts are unchanged. CPU seconds, main -> this, interleaved, h100-node: 24 unrolled blocks
-28.2-31.2 -> 23.9-26.4, 32.4-33.8 -> 26.6-27.4 at load 5-7 (the issue's 20 s is not reached: what is left is propagation, about
-a third, and the partitioner's trace, about a quarter).
+28.2-31.2 -> 23.9-26.4 (32.4-33.8 -> 26.6-27.4 at load average 5-7). The issue's 20 s is not
+reached: what is left is propagation (about a third) and the partitioner's trace (a quarter).
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
