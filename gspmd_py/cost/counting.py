@@ -25,6 +25,7 @@ ops and identities alias their operand (no bytes, no buffer).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
@@ -34,15 +35,19 @@ from ..ops import facts as F
 from ..ops import facts_of
 
 def nbytes(aval) -> int:
+    return math.prod(aval.shape) * _itemsize(aval.dtype)
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of the dtype; every equation of every priced program asks
+def _itemsize(dt) -> int:
     try:
-        item = np.dtype(aval.dtype).itemsize
+        return np.dtype(dt).itemsize
     except TypeError:  # extended dtypes (PRNG keys)
-        item = getattr(aval.dtype, "itemsize", 8)
-    return int(np.prod(aval.shape, dtype=np.int64)) * item
+        return getattr(dt, "itemsize", 8)
 
 
 def size(aval) -> int:
-    return int(np.prod(getattr(aval, "shape", ()), dtype=np.int64))
+    return math.prod(getattr(aval, "shape", ()))
 
 
 def is_alias(eqn) -> bool:

@@ -21,11 +21,24 @@ order and its jaxpr's inputs and outputs.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from jax.extend.core import Literal
 
 from ..ops import facts as F
 from ..ops import facts_of
 from .counting import fusible_consumer, fusible_producer, is_alias, nbytes
+
+
+def fusion_of(body, cache: Optional[dict] = None) -> "Fusion":
+    """``Fusion(body)``, made once per body for one ``cache`` (a Fusion is never changed once
+    made: the cost walk and the peak-memory walk of one program share it)."""
+    if cache is None:
+        return Fusion(body)
+    got = cache.get(id(body))
+    if got is None or got[0] is not body:
+        got = cache[id(body)] = (body, Fusion(body))
+    return got[1]
 
 
 class Fusion:

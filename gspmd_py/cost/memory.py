@@ -23,7 +23,7 @@ The peak is the largest ``live + allocated + body`` seen. Worked example (f32, n
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import attrs
 from jax.extend.core import Literal
@@ -31,7 +31,7 @@ from jax.extend.core import Literal
 from ..program.program_index import Body, ProgramIndex
 from ..ops import facts_of
 from .counting import fusible_producer, nbytes
-from .fusion import Fusion
+from .fusion import Fusion, fusion_of
 
 
 @attrs.frozen
@@ -41,21 +41,23 @@ class Memory:
     outputs: int
 
 
-def peak_memory(index: ProgramIndex, donated: Sequence[bool]) -> Memory:
-    """The peak of the program ``index`` indexes (its flat inputs ``donated`` or not)."""
+def peak_memory(index: ProgramIndex, donated: Sequence[bool], fusions: Optional[dict] = None) -> Memory:
+    """The peak of the program ``index`` indexes (its flat inputs ``donated`` or not);
+    ``fusions``: a ``fusion_of`` cache shared with the cost walk."""
     body = index.root
     jaxpr = body.jaxpr
     args = sum(nbytes(v.aval) for v in jaxpr.invars)
     outs = {}
-    fusion = Fusion(body)
+    fusion = fusion_of(body, fusions)
     for v in jaxpr.outvars:
         if not isinstance(v, Literal):
             outs[fusion.root(v)] = nbytes(v.aval)
-    peak = _peak(index, body, fusion, top=True, donated=donated)
+    peak = _peak(index, body, fusion, top=True, donated=donated, fusions=fusions)
     return Memory(peak, args, sum(outs.values()))
 
 
-def _peak(index: ProgramIndex, body: Body, fusion: Fusion, top: bool, donated: Sequence[bool] = ()) -> int:
+def _peak(index: ProgramIndex, body: Body, fusion: Fusion, top: bool, donated: Sequence[bool] = (),
+          fusions: Optional[dict] = None) -> int:
     """Peak bytes of one execution of ``body``; for a body (top=False) its parameters are
     counted as 0 (they are the enclosing loop's operands)."""
     jaxpr, eqns = body.jaxpr, body.equations
@@ -111,7 +113,7 @@ def _peak(index: ProgramIndex, body: Body, fusion: Fusion, top: bool, donated: S
                     free_sizes.remove(size[v])
                     alloc -= size[v]
                     dying.remove(next(r for r in dying if size[r] == size[v]))  # its buffer is v's now
-        extra = max((_body_peak(index, b) for b in index.subs(body.entries[i])), default=0)
+        extra = max((_body_peak(index, b, fusions) for b in index.subs(body.entries[i])), default=0)
         peak = max(peak, live + alloc + extra)
         live += alloc
         for r in dying:
@@ -122,5 +124,5 @@ def _peak(index: ProgramIndex, body: Body, fusion: Fusion, top: bool, donated: S
     return peak
 
 
-def _body_peak(index: ProgramIndex, body: Body) -> int:
-    return _peak(index, body, Fusion(body), top=False)
+def _body_peak(index: ProgramIndex, body: Body, fusions: Optional[dict] = None) -> int:
+    return _peak(index, body, fusion_of(body, fusions), top=False, fusions=fusions)

@@ -50,7 +50,7 @@ from ..program.collective import Collective
 from ..program.program_index import Body, EqnIndex, ProgramIndex
 from .collectives import sent_bytes
 from .counting import eqn_flops, is_free
-from .fusion import Fusion
+from .fusion import Fusion, fusion_of
 from .hardware import Hardware
 from .memory import Memory, peak_memory
 from .rates import CONV, compute_seconds, conv_class
@@ -225,6 +225,7 @@ class _Walker:
         self.notes: list[str] = []
         self.index: ProgramIndex = program.index  # per equation (by path): its op, collectives, loop counts
         self._levels: dict = {}
+        self.fusions: dict = {}  # fusion_of's cache, shared with peak_memory
 
     def coll_time(self, c: Collective) -> float:
         key = (c.kind, c.axes, c.bytes_per_device)
@@ -250,7 +251,7 @@ class _Walker:
     def walk(self, body: Body, trips: int, acc: _Acc) -> tuple[float, float]:
         """Adds one execution of ``body`` (a body of the program index) x ``trips`` to ``acc``;
         returns (serial, overlapped) seconds of one execution."""
-        fusion = Fusion(body)
+        fusion = fusion_of(body, self.fusions)
         ready: dict = {}
         tc = tm = 0.0
         serial = 0.0
@@ -348,7 +349,7 @@ def cost(program: CostInput, hw: Hardware, *, donate=None, overlap: bool = False
     acc = _Acc()
     serial, overlapped = w.walk(program.index.root, 1, acc)
     serial, overlapped = serial + hw.step_overhead, overlapped + hw.step_overhead
-    mem: Memory = peak_memory(program.index, donated)
+    mem: Memory = peak_memory(program.index, donated, w.fusions)
     ops = []
     for key, r in acc.rows.items():
         ops.append(OpCost(key, r.label, r.flops, r.trans, r.bytes, r.compute_s, tuple(r.colls)))

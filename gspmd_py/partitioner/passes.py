@@ -65,7 +65,13 @@ def partition_graph(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shapin
     fdims = lambda v: fine.fine_dims(shardings[v.id].dims)  # noqa: E731
     in_dims = tuple(fdims(v) for v in graph.inputs)
     out_dims = tuple(fdims(v) for v in graph.outputs)
-    plans = {i: fine_plan(fine, p) for i, p in prop.projections.items()}
+    made: dict = {}  # id(projection) -> (projection, its plan): repeated layers share projections
+    plans = {}
+    for i, p in prop.projections.items():
+        got = made.get(id(p))
+        if got is None:
+            got = made[id(p)] = (p, fine_plan(fine, p))
+        plans[i] = got[1]
     ctx = Ctx(fine, shaping, want={v.id: fdims(v) for v in graph.all_values()}, rules=prop.rules, plans=plans)
     body = build_body(graph, ctx, in_dims, out_dims)
     local = [jax.ShapeDtypeStruct(ctx.local_shape(v.shape, d), v.dtype) for v, d in zip(graph.inputs, in_dims)]

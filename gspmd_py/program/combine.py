@@ -27,7 +27,9 @@ here: the rewrite retraces every body it touches (new variables, new concatenati
 slices around each merged collective), so a patched index would have to mirror JAX's
 retrace equation by equation, a second reader of the program in disguise; indexing the
 result is the one reader run once more, and only when something merged (where nothing
-merges, the program and its index are kept as they are: no retrace).
+merges, the program and its index are kept as they are: no retrace). The search's pricer
+asks for ``splice=True``: the same program built without retracing the equations no group
+touches (each merged group is traced alone and spliced in; ``_splice_body``).
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from jax.extend.core import ClosedJaxpr, Literal
 from .. import jax_compat as compat
 from ..ops import facts_of
 from . import variadic
-from .program_index import Body, EqnIndex, ProgramIndex
+from .program_index import Body, EqnIndex, ProgramIndex, equations_of
 
 DEFAULT_THRESHOLD_BYTES = 30 * 2**20  # as XLA's GPU all-reduce combiner
 
@@ -195,17 +197,19 @@ def _scope(body: Body, g: Group) -> str:
     return "combined" + ",".join(map(str, ids)) if ids else "boundary"
 
 
-def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) -> dict:
-    """``entry``'s parameters, each ClosedJaxpr body (alone or in a tuple of them) combined."""
+def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env, body_fn=None) -> dict:
+    """``entry``'s parameters, each ClosedJaxpr body (alone or in a tuple of them) combined
+    (by ``body_fn``, ``_combine_body`` unless given)."""
+    body_fn = _combine_body if body_fn is None else body_fn
     params = dict(entry.eqn.params)
     for b in index.subs(entry):
         v = entry.eqn.params[b.param]
         if isinstance(v, ClosedJaxpr):
-            params[b.param] = _combine_body(index, b, groups, axis_env)
+            params[b.param] = body_fn(index, b, groups, axis_env)
         elif isinstance(v, (tuple, list)) and v and all(isinstance(c, ClosedJaxpr) for c in v):
             got = params[b.param]
             got = list(got) if isinstance(got, (tuple, list)) else got
-            got[b.position] = _combine_body(index, b, groups, axis_env)
+            got[b.position] = body_fn(index, b, groups, axis_env)
             params[b.param] = _same_kind(v, got)
     return params
 
@@ -265,10 +269,71 @@ def _combine_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> Cl
 
 
 def combine(index: ProgramIndex, threshold: int = DEFAULT_THRESHOLD_BYTES,
-            axis_env: Optional[list] = None) -> ClosedJaxpr:
+            axis_env: Optional[list] = None, splice: bool = False) -> ClosedJaxpr:
     """The program ``index`` indexes with independent collectives merged (see the module
-    docstring); ``index.program`` itself when nothing merges (threshold 0: never)."""
+    docstring); ``index.program`` itself when nothing merges (threshold 0: never).
+    ``splice``: the same program without retracing it (``_splice_body``; the search's
+    pricer, search/price.py)."""
     groups = {p: g for p, b in index.bodies.items() if threshold > 0 and (g := merge_groups(b, threshold))}
     if not groups:
         return index.program
-    return _combine_body(index, index.root, groups, axis_env)
+    return (_splice_body if splice else _combine_body)(index, index.root, groups, axis_env)
+
+
+def _splice_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> ClosedJaxpr:
+    """``_combine_body``'s program built without retracing every equation: the equations no
+    group touches are kept as they are (in ``_schedule``'s order), each group's equations
+    are traced alone (``_run_group`` over its members' operands, under its scope) and
+    spliced in, writing the members' own result variables; an equation whose bodies are
+    combined keeps its own, with those bodies replaced. The same equations in the same
+    order as the retrace (tests/search/test_search_speed.py compares the programs' texts,
+    indexes and costs); where a group reads a constant or a literal, or its trace does not
+    map one to one onto its members' results, this body is retraced instead."""
+    closed = body.closed
+    mine = groups.get(body.path, [])
+    has_sub = any(b.closed is not None for e in body.entries for b in index.subs(e))
+    if not mine and not has_sub:
+        return closed
+    consts = set(body.jaxpr.constvars)
+    eqns = []
+    for n in _schedule(body, mine):
+        if isinstance(n, Group):
+            got = _group_eqns(body, n, consts, axis_env)
+            if got is None:
+                return _combine_body(index, body, groups, axis_env)
+            eqns += got
+            continue
+        entry = body.entries[n]
+        if any(b.closed is not None for b in index.subs(entry)):
+            eqns.append(entry.eqn.replace(params=_sub_params(index, entry, groups, axis_env, _splice_body)))
+        else:
+            eqns.append(entry.eqn)
+    return ClosedJaxpr(body.jaxpr.replace(eqns=eqns), closed.consts)
+
+
+def _group_eqns(body: Body, g: Group, consts: set, axis_env) -> Optional[list]:
+    """The equations of group ``g`` merged, traced alone and renamed onto the body's
+    variables (operands in, members' results out); None when that cannot be one to one."""
+    members = [body.entries[i].eqn for i in g.members]
+    ins = [e.invars[0] for e in members]
+    outs = [e.outvars[0] for e in members]
+    if any(isinstance(v, Literal) or v in consts for v in ins) or len(set(outs)) != len(outs):
+        return None
+    uniq = list(dict.fromkeys(ins))
+    where = {v: k for k, v in enumerate(uniq)}
+
+    def fn(*xs):
+        with jax.named_scope(_scope(body, g)):
+            return _run_group(body, g, lambda v: xs[where[v]])
+
+    traced = jax.make_jaxpr(fn, axis_env=axis_env)(*[v.aval for v in uniq])
+    j = traced.jaxpr
+    if traced.consts or j.constvars or len(j.outvars) != len(outs):
+        return None
+    rename = dict(zip(j.invars, uniq))
+    for o, mine in zip(j.outvars, outs):
+        if isinstance(o, Literal) or o in rename:  # an operand passed through, or a result twice
+            return None
+        rename[o] = mine
+    new = lambda vs: [v if isinstance(v, Literal) else rename.get(v, v) for v in vs]  # noqa: E731
+    return [e.replace(invars=new(e.invars), outvars=new(e.outvars)) for e in equations_of(j)]

@@ -37,6 +37,7 @@ the combined program is indexed again only if the combiner changed it (combine.p
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Callable, Optional
@@ -226,6 +227,13 @@ def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tup
     bodies[path] = Body(path, jaxpr, tuple(mine), loop, sub.param, sub.position, sub.closed)
 
 
+def equations_of(jaxpr) -> list:
+    """A jaxpr's equations in order: for the combiner's splice (combine.py), which reads the
+    small program it traces for one merged group here (this module is the one reader of
+    equations)."""
+    return list(jaxpr.eqns)
+
+
 def _emitted(eqn) -> Emitted:
     a = eqn.params.get("axes", eqn.params.get("axis_name"))
     axes = tuple(a) if isinstance(a, (tuple, list)) else (a,)
@@ -240,23 +248,33 @@ def _moved(eqn) -> list:
 
 
 def _nbytes(vs) -> int:
-    return sum(int(np.prod(v.aval.shape, dtype=np.int64)) * itemsize(v.aval.dtype) for v in vs)
+    return sum(math.prod(v.aval.shape) * itemsize(v.aval.dtype) for v in vs)
 
 
 def _scope_of(stack: str, outer: tuple, label) -> tuple[tuple[int, ...], str, str]:
     """The op ids, key and label an equation's name stack points at (innermost scope wins)."""
+    found = _innermost_scope(stack)
+    if found is None:
+        return outer
+    one, many = found
+    if one:
+        i = int(one)
+        return (i,), f"op{i}", label(i)
+    if many:
+        ids = tuple(int(t) for t in many.split(","))
+        return ids, f"combined:{many}", "combined: " + "; ".join(label(i) for i in ids)
+    return (), "boundary", "boundary"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _innermost_scope(stack: str) -> Optional[tuple[str, str]]:
+    """The innermost scope of a name stack: (op id text, combined ids text), both "" for the
+    boundary; None when it names none (a pure function of the text, memoised: every op's
+    equations share a few stacks, and every candidate the search prices repeats them)."""
     found = None
     for m in _SCOPE.finditer(stack):
         found = m
-    if found is None:
-        return outer
-    if found.group(2):
-        i = int(found.group(2))
-        return (i,), f"op{i}", label(i)
-    if found.group(3):
-        ids = tuple(int(t) for t in found.group(3).split(","))
-        return ids, f"combined:{found.group(3)}", "combined: " + "; ".join(label(i) for i in ids)
-    return (), "boundary", "boundary"
+    return None if found is None else (found.group(2) or "", found.group(3) or "")
 
 
 def _record(eqn, facts, ids: tuple[int, ...], text: str, in_loop: bool, fine: FineMesh) -> Collective:

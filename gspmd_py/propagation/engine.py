@@ -48,6 +48,7 @@ class DimState:
 
 
 OPEN = DimState()
+_UNSEEN = object()  # a memo miss (None is a memoised answer)
 
 
 @attrs.define
@@ -160,7 +161,7 @@ class Propagation:
         fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
         fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
-        fresh.state = {vid: [OPEN] * len(v.shape) for vid, v in self.values.items()}
+        fresh.state = {}  # (a value's dims are made when first written: _dim_states)
         fresh.origin, fresh.projections = {}, {}
         fresh._ts, fresh._opk = fresh._open_keys()
         fresh._dirty = [False] * len(self.ops)
@@ -206,13 +207,21 @@ class Propagation:
                 level = 0 if (changed and level > 0) else level + 1
 
     def _seed(self, s: Seed) -> None:
-        st = self.state[s.value.id]
+        st = self._dim_states(s.value.id)
         for d, axes in enumerate(s.dims):
             if axes is None:
                 continue
             st[d] = DimState(tuple(axes), s.priority, True, None)
         self.origin[s.value.id] = s.origin
         self._touch(s.value.id)
+
+    def _dim_states(self, vid: int) -> list[DimState]:
+        """The value's per-dim states, made (all open) when first asked: a run made by
+        ``with_seeds`` starts with none, since most values of a candidate stay open."""
+        st = self.state.get(vid)
+        if st is None:
+            st = self.state[vid] = [OPEN] * len(self.values[vid].shape)
+        return st
 
     def _touch(self, vid: int) -> None:
         self._ts.pop(vid, None)
@@ -244,16 +253,36 @@ class Propagation:
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
         looked at (level 0: the elementwise ones), each by what ``_wants`` says, inlined:
-        a sweep passes every op, and most of them have nothing to do."""
+        a sweep passes every op, and most of them have nothing to do. A visit (``_visit``) is
+        inlined too up to its memoised projection: most visits end there (nothing to offer)."""
         any_change = False
         ops = self._at_level(level)
         dirty, done = self._dirty, self._forward_done
+        opk, memo = self._opk, self._memo
+        memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
         while True:
             changed = False
             for order in (ops, reversed(ops)):
                 for i, fl in order:
-                    if dirty[i] or (fl is not None and level >= fl and not done[i]):
-                        changed |= self._visit(i, level)
+                    if not (dirty[i] or (fl is not None and level >= fl and not done[i])):
+                        continue
+                    forward = fl is None or level >= fl
+                    dirty[i] = False
+                    done[i] = forward
+                    kids = opk.get(i)
+                    if kids is None:
+                        kids = opk[i] = self._kids(all_ops[i])
+                    op = all_ops[i]
+                    got = memo_project.get((rule_no[op.id], kids), _UNSEEN)
+                    if got is _UNSEEN:
+                        got = memo.project(self.mesh, op.id, rules[op.id], kids)
+                    if got is None:
+                        continue  # (most visits: no axes, or what the tensors already hold)
+                    changed_values = self._apply_projected(op, rules[op.id], forward, got)
+                    for vid in changed_values:
+                        self._touch(vid)
+                    if changed_values:
+                        changed = True
             any_change |= changed
             if not changed:
                 return any_change
@@ -284,21 +313,26 @@ class Propagation:
     def _kids(self, op: Op) -> tuple:
         """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
         dim, size), cached per value while it is unchanged."""
-        out = []
-        cache, state, intern = self._ts, self.state, self._memo.intern
-        for v in self.tensors[op.id]:
-            k = cache.get(v.id)
-            if k is None:
-                st = state[v.id]
-                k = cache[v.id] = intern((tuple(s.axes for s in st), tuple(s.prio for s in st), v.size))
-            out.append(k)
+        cache = self._ts
+        tensors = self.tensors[op.id]
+        out = [cache.get(v.id) for v in tensors]
+        if None in out:
+            state, intern = self.state, self._memo.intern
+            for t, v in enumerate(tensors):
+                if out[t] is None:
+                    st = state[v.id]
+                    out[t] = cache[v.id] = intern((tuple([s.axes for s in st]), tuple([s.prio for s in st]), v.size))
         return tuple(out)
 
     def _apply(self, op: Op, rule: OpRule, forward: bool, i: int) -> list[int]:
-        tensors = self.tensors[op.id]
         got = self._memo.project(self.mesh, op.id, rule, self._op_kids(i))
         if got is None:
             return []  # (most visits: no axes, or the projection is what the tensors already hold)
+        return self._apply_projected(op, rule, forward, got)
+
+    def _apply_projected(self, op: Op, rule: OpRule, forward: bool, got: tuple) -> list[int]:
+        """The tensors' dims take what the op's projection ``got`` (``_Memo.project``) offers."""
+        tensors = self.tensors[op.id]
         final, source, projected = got
         source = dict(source)
         mesh = self.mesh
@@ -307,7 +341,7 @@ class Propagation:
         for t, (v, dims) in enumerate(zip(tensors, rule.tensors)):
             if n_in <= t < n_in + len(op.outputs) and not forward:
                 continue
-            st = self.state[v.id]
+            st = self._dim_states(v.id)
             for d, fs in enumerate(dims):
                 new = projected[t][d]
                 if not new or new == st[d].axes or not fs or st[d].closed:  # (most visits: nothing new)
@@ -344,7 +378,7 @@ class Propagation:
         from ..sharding import Sharding
 
         lines = [f"{name}: {v.type_str} sharded {Sharding.of(self.mesh, self.dims_of(v)).shardy()}"]
-        st = self.state.get(v.id)
+        st = self.state.get(v.id) or ([OPEN] * len(v.shape) if v.id in self.values else None)
         if st is None:
             return lines[0]
         for d, s in enumerate(st):
@@ -363,7 +397,7 @@ class Propagation:
                              f"{src.type_str} {Sharding.of(self.mesh, self.dims_of(src)).shardy()}")
                 cur = src
                 # follow the first dim of the source that has a provenance
-                nxt = [x for x in self.state[src.id] if x.axes]
+                nxt = [x for x in self.state.get(src.id, ()) if x.axes]
                 dim_state = next((x for x in nxt if x.why is not None), nxt[0] if nxt else DimState())
             origin = self.origin.get(cur.id)
             if origin:

@@ -75,6 +75,18 @@ combiner's second trace, the cost model), 25% propagation's visits (about 7,000 
 per op reached), the rest the tables and the search's bookkeeping; pricing from projections
 (no trace) is the next step.
 
+Speed, same results (3), from profiles of the same search: the pricer's combiner splices each
+merged group (traced alone) into the traced program instead of retracing all of it
+(combine.py's ``_splice_body``: the same program text, index and cost; the compiler keeps
+the retrace); propagation's sweep inlines a visit up to its memoised projection and makes a
+value's dim states only when first written; one Fusion per body for the cost and the
+peak-memory walks; a name stack's scope parsed once; one OpPlan per distinct projection; the
+point classes' users map built once (it was rebuilt per input). On 24 searches
+(benchmarks/results/notes-2026-11-26-search-speed.md) plans, plan texts, top-5 prices and
+counts are unchanged. CPU seconds, main -> this, interleaved, h100-node: 24 unrolled blocks
+28.2-31.2 -> 23.9-26.4 (32.4-33.8 -> 26.6-27.4 at load average 5-7). The issue's 20 s is not
+reached: what is left is propagation (about a third) and the partitioner's trace (a quarter).
+
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
 ``Propagation.extend`` (only the ops its new seeds reach are visited and re-recorded); a

@@ -14,6 +14,7 @@ a scanned stack of layers is one input already, and so one point.
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import attrs
 
@@ -56,13 +57,14 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
 
     inputs = {v.id for v in ctx.graph.inputs}
     taken = set(inputs)
+    users = users_of(ctx.graph, top_only=True)
     for v, lf in zip(ctx.graph.inputs, ctx.leaves):
         if ctx.fixed(v) or v.is_const or v.rank == 0 or v.size <= 1:
             continue
         path = f"arg{lf.argnum}/{_norm(lf.path)}" if lf.argnum is not None else _norm(lf.name)
         key = ("in", path, v.shape, str(v.dtype))
         put(key, v, lf.name if len(lf.name) < 60 else lf.name[:57] + "...", True)
-        for x in elementwise_family(ctx.graph, v, top_only=True):  # gradient, optimizer state, update, new value
+        for x in elementwise_family(ctx.graph, v, top_only=True, users=users):  # gradient, optimizer state, update, new value
             if x.id not in taken and not ctx.fixed(x) and x.shape == v.shape and not _is_matmul(x):
                 taken.add(x.id)
                 groups[key][2].append(x.id)
@@ -93,14 +95,22 @@ def _is_matmul(v: Value) -> bool:
     return v.producer is not None and facts_of(v.producer.prim).matmul
 
 
-def elementwise_family(graph: Graph, start: Value, top_only: bool = False) -> list[Value]:
-    """``start`` and every value connected to it through elementwise ops (either direction):
-    a parameter, its optimizer state, gradient, update and new value (``top_only``: through
-    the top-level ops only, not loop bodies)."""
+def users_of(graph: Graph, top_only: bool = False) -> dict[int, list]:
+    """value id -> the ops that read it, in program order (``top_only``: top-level ops only)."""
     users: dict[int, list] = {}
     for op in (graph.ops if top_only else graph.walk()):
         for x in op.inputs:
             users.setdefault(x.id, []).append(op)
+    return users
+
+
+def elementwise_family(graph: Graph, start: Value, top_only: bool = False,
+                       users: Optional[dict] = None) -> list[Value]:
+    """``start`` and every value connected to it through elementwise ops (either direction):
+    a parameter, its optimizer state, gradient, update and new value (``top_only``: through
+    the top-level ops only, not loop bodies). ``users``: ``users_of(graph, top_only)`` when
+    the caller asks for many starts (made once)."""
+    users = users_of(graph, top_only) if users is None else users
     seen = {start.id: start}
     todo = [start]
     while todo:

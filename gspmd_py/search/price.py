@@ -44,14 +44,17 @@ def fingerprint(prop: Propagation, graph: Graph) -> tuple:
 
 def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
                        combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
-                       donate: Sequence[int] = ()) -> CostInput:
+                       donate: Sequence[int] = (), splice: bool = True) -> CostInput:
     """The partitioner's per-device program for these shardings, traced to a jaxpr, combined
     and indexed: the compiler's partition, index and combine passes (partitioner/passes.py),
-    without the jit around them; as the cost model's typed input."""
+    without the jit around them; as the cost model's typed input. ``splice``: the combiner
+    splices its merged collectives into the traced program instead of retracing it all
+    (combine.py's ``_splice_body``: the same program, checked by
+    tests/search/test_search_speed.py)."""
     with outside_user_mesh(), own_mesh():
         part = partition_graph(graph, mesh, prop)
         raw = index_program(part.program, part.fine, graph)
-        program = combine(raw, combine_threshold_bytes, part.axis_env)
+        program = combine(raw, combine_threshold_bytes, part.axis_env, splice=splice)
     return CostInput(reindex(raw, program, part.fine, graph), mesh, tuple(donate))
 
 

@@ -178,17 +178,18 @@ class Zero(_OneAxis):
         return f"zero({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums != (0,) else "") + ")"
 
     def apply(self, ctx: TacticContext) -> None:
-        from .points import elementwise_family
+        from .points import elementwise_family, users_of
 
         a = _axis(ctx, self.axis, str(self))
         before = _snapshot(ctx)
         nums = _resolve_argnums(ctx, self.argnums, str(self))
         params = [v for v, lf in zip(ctx.graph.inputs, ctx.leaves) if lf.argnum in nums and v.rank > 0]
+        users = users_of(ctx.graph)
         for p in params:
             dim = _zero_dim(ctx, p, a)
             if dim is None:
                 continue  # too small to split: stays as it is (replicated over the axis)
-            for v in elementwise_family(ctx.graph, p):
+            for v in elementwise_family(ctx.graph, p, users=users):
                 if v.shape == p.shape:
                     ctx.add(v, dim, a, str(self))
         _record(ctx, str(self), before)
