@@ -27,8 +27,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from .annotate import OPEN, annotate_p
-from ..errors import ShardingError, SpecError
+from ..errors import ShardingError, SpecError, UnsupportedOpError
 from ..mesh import Mesh
+from ..ops.refused import reason
 
 ORIGIN = "jax.lax.with_sharding_constraint"
 
@@ -87,18 +88,26 @@ _JAX_SAYS = (  # JAX's own checks of a bare PartitionSpec, while the user's func
      lambda m, mesh: f"spec {m[1]} uses mesh axis {m[2]!r} on two dims; an axis may shard one dim only"),
 )
 
+# JAX's words when a shard_map names a mesh other than the abstract mesh gp.spmd traces under
+_SHARD_MAP_MESH = "should match the mesh passed to shard_map"
+
 
 @contextlib.contextmanager
 def constraint_errors(mesh: Mesh) -> Iterator[None]:
     """While the user's function is traced: JAX's own errors for a bare PartitionSpec in
     with_sharding_constraint / reshard (an unknown axis, more entries than the rank, ...) become
-    SpecErrors naming the constraint, the problem and the user's source line."""
+    SpecErrors naming the constraint, the problem and the user's source line; JAX's refusal of a
+    ``jax.shard_map(..., mesh=jax_mesh)`` under the tracing mesh becomes the UnsupportedOpError
+    that a traced shard_map gets (ops/refused.py), naming the line."""
     try:
         yield
     except Exception as e:  # (JAX's DuplicateSpecError is no ValueError)
         if isinstance(e, ShardingError):
             raise
         text = str(e)
+        if _SHARD_MAP_MESH in text:  # a shard_map over its own jax Mesh: refused before it is traced
+            raise UnsupportedOpError(f"primitive 'shard_map' (jax.shard_map at {_user_frame(e)}) is not supported "
+                                     f"by gspmd_py: {reason('shard_map')}") from e
         for pattern, say in _JAX_SAYS:
             m = pattern.search(text)
             if m is not None:

@@ -65,6 +65,24 @@ def test_refused_primitive_error_says_why():
         gp.spmd(lambda x: inner(x) * 2, mesh).plan(jax.ShapeDtypeStruct((8,), jnp.float32))
 
 
+def test_shard_map_over_its_own_mesh_without_a_mesh_context_is_refused_clearly():
+    """MaxText's form: a shard_map over a jax Mesh inside the function, no jax.set_mesh. JAX
+    itself refused it while gp.spmd traced (its abstract mesh is not that Mesh's), with a raw
+    ValueError; it is the same UnsupportedOpError as under a mesh context, naming the line."""
+    mesh = gp.Mesh((2, 4), ("data", "model"))
+    for jm in (jax.sharding.Mesh(mesh.jax_devices(), mesh.axis_names),
+               jax.sharding.Mesh(mesh.jax_devices().reshape(8), ("other",))):
+        names = jm.axis_names
+        inner = jax.shard_map(lambda x: lax.psum(x, names[-1]), mesh=jm,
+                              in_specs=jax.sharding.PartitionSpec(names[-1]), out_specs=jax.sharding.PartitionSpec())
+
+        def fn(x):
+            return inner(x) * 2
+
+        with pytest.raises(gp.UnsupportedOpError, match=r"jax\.shard_map.*test_primitive_coverage\.py:\d+.*manual SPMD"):
+            gp.spmd(fn, mesh).plan(jax.ShapeDtypeStruct((8,), jnp.float32))
+
+
 # -- the primitives a broad public surface emits -----------------------------------------------------------
 
 def A(*shape, dtype=jnp.float32):
