@@ -42,7 +42,8 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
     dn = op.params["dimension_numbers"]
     x, idx = args[0].x, args[1].x
     v = op.outputs[0]
-    sharded = [d for d in dn.scatter_dims_to_operand_dims if plan.operands[0][d]]
+    # the one-row dims held sharded (an indexed whole window dim passes: its start stays as given)
+    sharded = [d for d in dn.scatter_dims_to_operand_dims if plan.operands[0][d] and d in dn.inserted_window_dims]
     params = dict(op.params)
     partial = plan.partial
     if partial is not None:  # each device adds its own updates: the operand joins on the first device
