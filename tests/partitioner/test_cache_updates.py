@@ -95,3 +95,15 @@ def test_whole_dims_indexed_in_each_mode(mode, start, mesh_i, uneven):
     assert_same(sf(x, idx, upd), jax.jit(f)(x, idx, upd), rtol=0, atol=0)
     if not uneven:
         assert "needs replication" not in sf.plan(x, idx, upd).report()
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 4, 8), (3, 5, 3, 8)])
+def test_cache_read_gradient_is_a_batched_scatter_add_kept_sharded(shape):
+    """The read's gradient: a scatter-add with batching dims, into the sharded cache's rows."""
+    g = jax.grad(lambda c, p: jnp.sum(jnp.sin(read(c, p))))
+    cache, pos = rand(shape), np.array([0, 5, 15, 9][:shape[0]], np.int32)
+    for mesh in (mesh_of(1), mesh_of(3)):
+        spec = P("x", None, "y", "z" if "z" in mesh.axis_names else None)
+        sf = gp.spmd(g, mesh, in_shardings=(spec, P("x")), out_shardings=spec)
+        assert "needs replication" not in sf.plan(cache, pos).report()
+        assert_same(sf(cache, pos), jax.jit(g)(cache, pos), rtol=0, atol=0)
