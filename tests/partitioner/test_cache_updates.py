@@ -48,6 +48,7 @@ def test_decode_cache_stays_sharded_on_batch_and_heads(fn):
     assert_same(sf(*args), jax.jit(f)(*args), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @examples(16)
 @given(data=st.data())
 def test_batched_cache_updates_over_meshes_and_uneven_dims(data):
@@ -70,6 +71,7 @@ def test_batched_cache_updates_over_meshes_and_uneven_dims(data):
         assert "needs replication" not in plan.report(), plan.report()
 
 
+@pytest.mark.slow
 @examples(16)
 @given(mode=st.sampled_from(MODES), start=st.sampled_from((0, 1, -1)), mesh_i=st.integers(0, 3),
        uneven=st.booleans())

@@ -143,6 +143,7 @@ def test_random_original_threefry_is_drawn_whole_and_equal():
     assert not np.array_equal(np.asarray(want), np.asarray(default))  # (the two schemes differ)
 
 
+@pytest.mark.slow
 @examples(10)
 @given(data=st.data())
 def test_random_split_draws_its_block_of_new_keys(data):
