@@ -75,6 +75,17 @@ def _indexed(b: RuleBuilder, d: int, dn, sizes, operand) -> int:
     return b.factor(operand[d], NEED_REPLICATION)
 
 
+def one_row_dims(op) -> list[int]:
+    """The scatter's indexed operand dims written one row at a time: inserted window dims, and
+    window dims of one row (``jax.vmap`` of a one-token ``dynamic_update_slice`` into a
+    sequence-sharded cache); a device may scatter into its own rows of them."""
+    dn = op.params["dimension_numbers"]
+    operand, updates = op.inputs[0].shape, op.inputs[2].shape
+    window_src = [d for d in range(len(operand)) if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
+    ones = {d for ud, d in zip(dn.update_window_dims, window_src) if updates[ud] == 1 and operand[d] > 1}
+    return [d for d in dn.scatter_dims_to_operand_dims if d in dn.inserted_window_dims or d in ones]
+
+
 def dropping(op) -> bool:
     """Does the scatter skip out-of-bounds updates (so a device may scatter into its own rows
     with indices shifted by its offset, the others' updates falling out of its bounds)?"""
@@ -91,7 +102,8 @@ def additive(op) -> bool:
           "scatter-max", "scatter_max", handler="scatter")
 def scatter(op) -> OpRule:
     """Besides the whole window dims (pass), an indexed operand dim with a window of one row
-    (an inserted window dim, e.g. ``state.at[0].set(x)``, an embedding gradient's vocab dim)
+    (an inserted window dim, e.g. ``state.at[0].set(x)``, an embedding gradient's vocab dim;
+    a one-row window dim, a one-token write at a position of a sequence-sharded cache)
     may stay sharded: each device scatters into the rows it holds, indices shifted by its
     offset (partitioner/scatter_handler.py; clip mode clamps the global indices first). A
     scatter-add's update rows (the index batch dims) are a sum reduction: each device adds
@@ -101,9 +113,8 @@ def scatter(op) -> OpRule:
     b = RuleBuilder()
     op_f: list = [None] * len(operand)
     upd_f: list = [None] * len(updates)
-    for d in dn.scatter_dims_to_operand_dims:  # clip mode: the handler clamps the global indices first
-        if d in dn.inserted_window_dims:
-            op_f[d] = b.factor(operand[d])
+    for d in one_row_dims(op):  # clip mode: the handler clamps the global indices first
+        op_f[d] = b.factor(operand[d])
     idx_f: list = [None] * len(indices)
     if additive(op):
         upd_scatter = [d for d in range(len(updates)) if d not in dn.update_window_dims]

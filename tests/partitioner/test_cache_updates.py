@@ -109,3 +109,18 @@ def test_cache_read_gradient_is_a_batched_scatter_add_kept_sharded(shape):
         sf = gp.spmd(g, mesh, in_shardings=(spec, P("x")), out_shardings=spec)
         assert "needs replication" not in sf.plan(cache, pos).report()
         assert_same(sf(cache, pos), jax.jit(g)(cache, pos), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mesh_i", [1, 3])
+def test_one_token_write_into_a_sequence_sharded_cache(mesh_i):
+    """The position dim sharded (a one-row window of the scatter): each device writes the rows
+    it holds, the others' updates going to a spare row (out-of-range positions clamped first,
+    as dynamic_update_slice does); it gathered the cache whole along the sequence."""
+    mesh = mesh_of(mesh_i)
+    cache, new = rand((4, 16, 4, 8)), rand((4, 1, 4, 8), seed=4)
+    spec = P("x", "y", None, None)
+    for pos in ([0, 5, 15, 9], [-3, 20, 12, 1]):
+        pos = np.asarray(pos, np.int32)
+        sf = gp.spmd(write, mesh, in_shardings=(spec, P("x", None, None, None), P("x")), out_shardings=spec)
+        _moves_nothing(sf.plan(cache, new, pos))
+        assert_same(sf(cache, new, pos), jax.jit(write)(cache, new, pos), rtol=0, atol=0)
