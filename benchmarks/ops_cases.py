@@ -130,6 +130,8 @@ def cases() -> list[Case]:
                     s(((q["V"], q["D"]), F32), ((64,), I32), ((64, q["D"]), F32))),
              extra=(("table{*,-} ids{*} u{*,-}", ("*", None), ("*",), ("*", None)),)),
         Case("random_bits", "x * uniform(key)", lambda x: x * jax.random.uniform(key, x.shape), **bn),
+        Case("key_split", "per-row keys: split(key, rows)",
+             lambda x: x + jax.random.split(key, x.shape[0])[:, :1].astype(x.dtype), **bn),
         Case("conv", "conv1d k=3", lambda x, w: lax.conv_general_dilated(x, w, (1,), "SAME",
                                                                        dimension_numbers=("NWC", "WIO", "NWC")),
              **both(s(((32, 128, 64), F32), ((3, 64, 64), F32)), s(((4, 16, 8), F32), ((3, 8, 8), F32)))),

@@ -97,7 +97,9 @@ _JAX_SAYS = (  # JAX's own checks of a bare PartitionSpec, while the user's func
 def constraint_errors(mesh: Mesh) -> Iterator[None]:
     """While the user's function is traced: JAX's own errors for a bare PartitionSpec in
     with_sharding_constraint / reshard (an unknown axis, more entries than the rank, ...) become
-    SpecErrors naming the constraint, the problem and the user's source line."""
+    SpecErrors naming the constraint, the problem and the user's source line; JAX's refusal of a
+    ``jax.shard_map(..., mesh=jax_mesh)`` whose mesh is not gp.spmd's becomes a ShardingError
+    naming the region's line and the axis that differs (frontend/manual.py)."""
     try:
         yield
     except Exception as e:  # (JAX's DuplicateSpecError is no ValueError)

@@ -7,8 +7,12 @@
              "[i,j], [k,1], [k,j] -> [i,j]"   i: pass (each device adds the rows it owns),
                                               k: reduction(sum), j: pass
 
-Operand dims taken whole by every slice pass through to the output's offset dims; index
-batch dims pass to the output batch dims. An indexed dim read one row at a time (an
+Operand dims taken whole by every slice pass through to the output's offset dims, indexed
+or not (a whole window's only start in bounds is 0: each device's block is then its whole
+window too, and the mode treats any other start on every device as on one); index batch
+dims pass to the output batch dims, and to the operand's batching dims (``jax.vmap`` of a
+dynamic_slice / dynamic_update_slice: a decode step's KV-cache read / write per row, its
+batch and head dims kept sharded, as jax.jit keeps them). An indexed dim read one row at a time (an
 embedding's vocab dim, ``take_along_axis``'s axis) is a "pick" reduction, XLA's strategy
 for a table sharded on it: each device looks the indices up in the rows it holds (indices
 shifted by its first row), rows it does not own are zero bits, and exactly one device
@@ -47,7 +51,7 @@ def gather(op) -> OpRule:
     offset_src = [d for d in range(len(operand))
                   if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
     for od, d in zip(dn.offset_dims, offset_src):
-        whole = slice_sizes[d] == operand[d] and d not in dn.start_index_map
+        whole = slice_sizes[d] == operand[d]  # (indexed too: any start but 0 is out of bounds)
         f = b.factor(out[od], PASS if whole else NEED_REPLICATION)
         out_f[od] = f
         op_f[d] = f if whole else _indexed(b, d, dn, slice_sizes, operand)
@@ -71,6 +75,17 @@ def _indexed(b: RuleBuilder, d: int, dn, sizes, operand) -> int:
     return b.factor(operand[d], NEED_REPLICATION)
 
 
+def one_row_dims(op) -> list[int]:
+    """The scatter's indexed operand dims written one row at a time: inserted window dims, and
+    window dims of one row (``jax.vmap`` of a one-token ``dynamic_update_slice`` into a
+    sequence-sharded cache); a device may scatter into its own rows of them."""
+    dn = op.params["dimension_numbers"]
+    operand, updates = op.inputs[0].shape, op.inputs[2].shape
+    window_src = [d for d in range(len(operand)) if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
+    ones = {d for ud, d in zip(dn.update_window_dims, window_src) if updates[ud] == 1 and operand[d] > 1}
+    return [d for d in dn.scatter_dims_to_operand_dims if d in dn.inserted_window_dims or d in ones]
+
+
 def dropping(op) -> bool:
     """Does the scatter skip out-of-bounds updates (so a device may scatter into its own rows
     with indices shifted by its offset, the others' updates falling out of its bounds)?"""
@@ -87,7 +102,8 @@ def additive(op) -> bool:
           "scatter-max", "scatter_max", handler="scatter")
 def scatter(op) -> OpRule:
     """Besides the whole window dims (pass), an indexed operand dim with a window of one row
-    (an inserted window dim, e.g. ``state.at[0].set(x)``, an embedding gradient's vocab dim)
+    (an inserted window dim, e.g. ``state.at[0].set(x)``, an embedding gradient's vocab dim;
+    a one-row window dim, a one-token write at a position of a sequence-sharded cache)
     may stay sharded: each device scatters into the rows it holds, indices shifted by its
     offset (partitioner/scatter_handler.py; clip mode clamps the global indices first). A
     scatter-add's update rows (the index batch dims) are a sum reduction: each device adds
@@ -97,9 +113,8 @@ def scatter(op) -> OpRule:
     b = RuleBuilder()
     op_f: list = [None] * len(operand)
     upd_f: list = [None] * len(updates)
-    for d in dn.scatter_dims_to_operand_dims:  # clip mode: the handler clamps the global indices first
-        if d in dn.inserted_window_dims:
-            op_f[d] = b.factor(operand[d])
+    for d in one_row_dims(op):  # clip mode: the handler clamps the global indices first
+        op_f[d] = b.factor(operand[d])
     idx_f: list = [None] * len(indices)
     if additive(op):
         upd_scatter = [d for d in range(len(updates)) if d not in dn.update_window_dims]
@@ -109,9 +124,13 @@ def scatter(op) -> OpRule:
     window_src = [d for d in range(len(operand))
                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
     for ud, d in zip(dn.update_window_dims, window_src):
-        if updates[ud] == operand[d] and d not in dn.scatter_dims_to_operand_dims:
+        if updates[ud] == operand[d]:  # (indexed too: any start but 0 is out of bounds)
             f = b.factor(operand[d])
             op_f[d] = upd_f[ud] = f
+    upd_rows = [d for d in range(len(updates)) if d not in dn.update_window_dims]
+    for od, idd in zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims):
+        f = b.factor(operand[od])  # vmap's batch: row r of the updates goes into row r of the operand
+        op_f[od] = idx_f[idd] = upd_f[upd_rows[idd]] = f
     for d in range(len(operand)):
         if op_f[d] is None:
             op_f[d] = b.factor(operand[d], NEED_REPLICATION)

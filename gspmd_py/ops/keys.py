@@ -3,13 +3,19 @@ are batch dims (pass factors) and the trailing dims a key op adds or removes are
 
     random_wrap    u32[b,2] -> key[b]          "[i,j] -> [i]"     j: need_replication
     random_unwrap  key[b] -> u32[b,2]          "[i] -> [i,j]"     j: need_replication
-    random_split   key[b] shape=(3,) -> key[b,3]                  the new dim whole
+    random_split   key[b] shape=(3,) -> key[b,3]  "[i] -> [i,j]"  j: result only (any sharding: each
+                                                                  device draws its block of new keys)
     random_fold_in key[b], u32[b] (or u32[]) -> key[b]            elementwise over the keys
     random_clone   key[b] -> key[b]
 
 ``jax.vmap(lambda k: jax.random.split(k, 3))(keys)`` with the keys sharded splits each
 device's own keys: no collective (it gathered the whole key array before). Computed by
 partitioner/fallback.py's ``batched`` handler (each device runs the op on its block).
+
+``random_split`` is a draw (JAX's partitionable threefry: new key e is ``threefry2x32(key,
+(hi, lo) of e's index in shape)``, random_bits' counters), so its new dims may be sharded as
+random_bits' dims are: partitioner/random_handler.py draws each device's block of keys
+(``jax.random.split(key, batch)`` for per-row sampling keys over a data-sharded batch).
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from .registry import declare, register
 from .replicated import whole
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
 
-KEY_OPS = ("random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_clone")
+KEY_OPS = ("random_wrap", "random_unwrap", "random_fold_in", "random_clone")
 
 
 def _key_shape(op) -> tuple[int, ...]:
@@ -40,6 +46,15 @@ def key_op(op) -> OpRule:
     for v in op.outputs:
         b.result(fs + [b.factor(s, NEED_REPLICATION) for s in v.shape[nb:]])
     return b.build(OTHER)
+
+
+@register("random_split", handler="random_bits")
+def key_split(op) -> OpRule:
+    """The key array's dims pass; the new dims (``shape``) are the result's alone, as random_bits'."""
+    nb = op.inputs[0].rank
+    b = RuleBuilder()
+    fs = b.factors(op.outputs[0].shape)
+    return b.operand(fs[:nb]).result(fs).build(OTHER)
 
 
 declare("random_wrap", "random_unwrap", "random_clone", facts=F.OpFacts(F.ELEMENTWISE_FLOPS, fusion=F.FUSIBLE))

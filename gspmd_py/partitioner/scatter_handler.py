@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from .. import dtypes
-from ..ops.gather import additive, dropping
+from ..ops.gather import additive, dropping, one_row_dims
 from .context import Ctx
 from .partial import accumulate, join
 from .registry import handler
@@ -42,7 +42,8 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
     dn = op.params["dimension_numbers"]
     x, idx = args[0].x, args[1].x
     v = op.outputs[0]
-    sharded = [d for d in dn.scatter_dims_to_operand_dims if plan.operands[0][d]]
+    # the one-row dims held sharded (an indexed whole window dim passes: its start stays as given)
+    sharded = [d for d in one_row_dims(op) if plan.operands[0][d]]
     params = dict(op.params)
     partial = plan.partial
     if partial is not None:  # each device adds its own updates: the operand joins on the first device

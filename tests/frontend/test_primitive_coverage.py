@@ -76,6 +76,27 @@ def test_shard_map_inside_the_function_is_supported():
     np.testing.assert_allclose(np.asarray(got), np.asarray(x).reshape(8, 2).sum(0) * 2)
 
 
+def test_shard_map_over_its_own_jax_mesh_without_a_mesh_context():
+    """MaxText's form: a shard_map over a jax Mesh inside the function, no jax.set_mesh. JAX
+    itself refused it while gp.spmd traced (its abstract mesh is not that Mesh's), with a raw
+    ValueError. Over gp.spmd's mesh it runs as a manual region; over another mesh it is a
+    ShardingError naming the line and the axis, never JAX's raw error."""
+    mesh = gp.Mesh((2, 4), ("data", "model"))
+    same = jax.sharding.Mesh(mesh.jax_devices(), mesh.axis_names)
+    inner = jax.shard_map(lambda x: lax.psum(x, "model"), mesh=same,
+                          in_specs=jax.sharding.PartitionSpec("model"), out_specs=jax.sharding.PartitionSpec())
+    x = jnp.arange(8.0)
+    got = gp.spmd(lambda x: inner(x) * 2, mesh)(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(x).reshape(4, 2).sum(0) * 2)
+
+    other = jax.sharding.Mesh(mesh.jax_devices().reshape(8), ("other",))
+    inner = jax.shard_map(lambda x: lax.psum(x, "other"), mesh=other,
+                          in_specs=jax.sharding.PartitionSpec("other"), out_specs=jax.sharding.PartitionSpec())
+    with pytest.raises(gp.ShardingError, match=r"test_primitive_coverage\.py:\d+") as e:
+        gp.spmd(lambda x: inner(x) * 2, mesh).plan(jax.ShapeDtypeStruct((8,), jnp.float32))
+    assert "mesh axis 'other'" in str(e.value)
+
+
 # -- the primitives a broad public surface emits -----------------------------------------------------------
 
 def A(*shape, dtype=jnp.float32):

@@ -143,6 +143,48 @@ def test_random_original_threefry_is_drawn_whole_and_equal():
     assert not np.array_equal(np.asarray(want), np.asarray(default))  # (the two schemes differ)
 
 
+@pytest.mark.slow
+@examples(10)
+@given(data=st.data())
+def test_random_split_draws_its_block_of_new_keys(data):
+    """jax.random.split(key, n) with the new keys sharded (per-row sampling keys, as a sampler
+    splits one key over a data-sharded batch): each device draws its block of keys with
+    threefry over its counters, bit-identical; it was computed whole and reported as a
+    replicated fallback (no batch dim carries the sharding). Batches of keys too (vmap)."""
+    mesh = mesh_of(data.draw(st.integers(0, 3)))
+    shape = tuple(data.draw(st.lists(st.sampled_from((1, 3, 5, 8, 12)), min_size=1, max_size=2)))
+    batched = data.draw(st.booleans())
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    spec = _spec_on(mesh, len(shape) + batched, dim + batched, minor=data.draw(st.booleans()))
+
+    def f(x, key):
+        split = jax.vmap(lambda k: jax.random.split(k, shape)) if batched else (lambda k: jax.random.split(k, shape))
+        return x + jax.random.key_data(split(key))[..., 0]
+
+    key = jax.random.split(jax.random.key(5), 2) if batched else jax.random.key(5)
+    x = np.zeros(((2,) if batched else ()) + shape, np.uint32)
+    sf = gp.spmd(f, mesh, in_shardings=(spec, None), out_shardings=spec)
+    plan = _no_fallback(sf, x, key)
+    assert all(c.op == "boundary" for c in plan.collectives), plan.report()
+    assert_same(sf(x, key), jax.jit(f)(x, key), rtol=0, atol=0)
+
+
+def test_random_split_for_per_row_sampling_keys():
+    """A sampler's per-row keys: split over the data-sharded batch, then categorical per row."""
+    def sample(logits, key):
+        keys = jax.random.split(key, logits.shape[0])
+        return jax.vmap(jax.random.categorical)(keys, logits)
+
+    logits, key = rand((8, 16)), jax.random.key(4)
+    sf = gp.spmd(sample, M24, in_shardings=(P("x", "y"), None))
+    _no_fallback(sf, logits, key)
+    assert_same(sf(logits, key), jax.jit(sample)(logits, key), rtol=0, atol=0)
+    with jax.threefry_partitionable(False):  # the original scheme: split whole (reported), equal
+        with pytest.warns(gp.PartitionWarning, match="partitionable"):
+            got = sf(logits, key)
+        assert_same(got, jax.jit(sample)(logits, key), rtol=0, atol=0)
+
+
 # -- sort / top_k along a sharded dim ----------------------------------------------------------
 
 SORTS = {

@@ -84,6 +84,10 @@ SAMPLES = {
     "split": [(lambda a: jnp.split(a, [2], axis=0), [(7, 3)])],
     "rotate": [(lambda a: jnp.roll(a, 3, axis=0), [(8, 3)]), (lambda a: jnp.roll(a, -1, axis=1), [(5, 7)])],
     "random_bits": [(lambda a: a + jax.random.uniform(jax.random.key(1), a.shape), [(7, 5)])],
+    "key_split": [(lambda a: a + jax.random.key_data(jax.random.split(jax.random.key(1), a.shape))[..., 0].astype(
+        jnp.float32), [(7, 5)]),
+                  (lambda a: a + jax.random.key_data(jax.vmap(lambda k: jax.random.split(k, 5))(
+                      jax.random.split(jax.random.key(2), 6)))[..., 1].astype(jnp.float32), [(6, 5)])],
     "stack": [(lambda a, b: jnp.stack([a, b], axis=1), [(7, 3), (7, 3)])],
     "unstack": [(lambda a: lax.unstack(a, axis=1), [(5, 3)])],
     "tile": [(lambda a: jnp.tile(a, (2, 3)), [(5, 4)])],
