@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .annotate import annotate_p, spec_entries
@@ -49,6 +50,11 @@ IDENTITY = {"name"}
 MANUAL = "shard_map"  # a manual SPMD region: one op, its boundary annotated by its specs (frontend/manual.py)
 _CALL_PARAMS = compat.CALL_PARAMS
 _open = compat.open_jaxpr
+# a collective over positional axes only is a reduction of those dims: what jax.vmap(axis_name=...)
+# makes of lax.psum / pmean / pmax / pmin over the vmapped axis (equinox's BatchNorm, a per-example
+# loss normalised over the batch; the gradient's psum over no axes); inlined as its reduce_* (over
+# named axes it stays refused)
+POSITIONAL = {"psum": jnp.sum, "pmax": jnp.max, "pmin": jnp.min}
 
 
 def _source(eqn) -> str:
@@ -66,6 +72,20 @@ def _linear_solve_call(params, ins):
     start = n.matvec + n.vecmat
     total = start + n.solve + n.transpose_solve
     return params["jaxprs"].solve, list(ins[start:start + n.solve]) + list(ins[total:])
+
+
+def _positional_axes(params) -> bool:
+    """Only positional axes (none at all: an identity, as the transpose of a vmapped pmean leaves)."""
+    return all(isinstance(a, (int, np.integer)) for a in params.get("axes", ())) \
+        and params.get("axis_index_groups") is None
+
+
+def _positional_reduction(eqn):
+    """The jaxpr of a positional psum / pmax / pmin equation as a reduction of each operand
+    over its axes (the collective keeps each operand's dtype)."""
+    reduce, axes = POSITIONAL[eqn.primitive.name], tuple(int(a) for a in eqn.params["axes"])
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+    return jax.make_jaxpr(lambda *xs: [reduce(x, axis=axes).astype(x.dtype) for x in xs])(*avals)
 
 
 class _Builder:
@@ -151,6 +171,8 @@ class _Builder:
             if name == "custom_linear_solve":  # its value is its solve jaxpr's (jnp.linalg.solve, inv)
                 sub, ins = _linear_solve_call(eqn.params, ins)
                 name = "jit"
+            if name in POSITIONAL and _positional_axes(eqn.params):
+                name, sub = "jit", _positional_reduction(eqn)
             if name not in INLINE and name not in REGION and compat.is_high(eqn):
                 name, sub = "hijax", compat.expand_high(eqn)  # its expansion into ordinary primitives
             if (name in INLINE or name == "hijax") and sub is not None:

@@ -20,7 +20,7 @@ import attrs
 from ..errors import UnsupportedOpError
 from .facts import UNKNOWN, OpFacts
 from .refused import reason
-from .rule import HANDLER_NAMES, OpRule
+from .rule import HANDLER_NAMES, OpRule, whole
 
 RuleFn = Callable[..., OpRule]
 _RULES: dict[str, tuple[RuleFn, str]] = {}
@@ -42,6 +42,8 @@ def register(*names: str, handler: str) -> Callable[[RuleFn], RuleFn]:
 
 
 def has_rule(prim: str) -> bool:
+    """Whether ``prim`` has a sharding rule of its own (one nobody ruled may still be computed
+    whole, see ``_build_rule``)."""
     return prim in _RULES
 
 
@@ -96,6 +98,10 @@ def _build_rule(op) -> OpRule:
         where = f" ({', '.join(parts)})" if parts else ""
         if reason(op.prim):
             raise UnsupportedOpError(f"primitive {op.prim!r}{where} is not supported by gspmd_py: {reason(op.prim)}")
+        if not getattr(op, "effects", False) and not op.regions:
+            # a pure primitive nobody ruled (a library's own: equinox's unvmap_any): computed whole
+            # on every device, a replicated fallback (warned and reported where it moves a sharded value)
+            return attrs.evolve(whole(op), handler="replicated")
         raise UnsupportedOpError(
             f"primitive {op.prim!r}{where} has no sharding rule in gspmd_py; supported primitives: "
             f"{', '.join(registered()[:12])}, ... ({len(_RULES)} in all; see gspmd_py.ops.registered())"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import facts as F
 from .registry import declare, register
-from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder
+from .rule import OpRule, whole
 
 # (key arrays' own ops over their batch dims: ops/keys.py)
 RANDOM = ("random_seed", "threefry2x32", "rng_bit_generator", "rng_uniform", "random_gamma")
@@ -18,14 +18,7 @@ RANDOM = ("random_seed", "threefry2x32", "rng_bit_generator", "rng_uniform", "ra
 LINALG = ("custom_linear_solve", "linear_solve", "cholesky_update", "ormqr", "symmetric_product")
 
 
-def whole(op, kind: str = OTHER) -> OpRule:
-    """Every operand and result dim one need_replication factor: the op sees whole values."""
-    b = RuleBuilder()
-    for v in op.inputs:
-        b.operand([b.factor(s, NEED_REPLICATION) for s in v.shape])
-    for v in op.outputs:
-        b.result([b.factor(s, NEED_REPLICATION) for s in v.shape])
-    return b.build(kind)
+__all__ = ["whole", "replicated"]
 
 
 @register(*RANDOM, *LINALG, "reduce", "argsort", "optimization_barrier", handler="replicated")

@@ -174,6 +174,16 @@ class RuleBuilder:
                       edges=_components(len(self._factors), tensors) if edges else None)
 
 
+def whole(op, kind: str = OTHER) -> OpRule:
+    """Every operand and result dim one need_replication factor: the op sees whole values."""
+    b = RuleBuilder()
+    for v in op.inputs:
+        b.operand([b.factor(s, NEED_REPLICATION) for s in v.shape])
+    for v in op.outputs:
+        b.result([b.factor(s, NEED_REPLICATION) for s in v.shape])
+    return b.build(kind)
+
+
 def _components(n: int, tensors: Sequence[TensorDims]) -> tuple[int, ...]:
     """Per factor, the smallest factor id of its component (factors joined by sharing a tensor)."""
     parent = list(range(n))

@@ -8,6 +8,7 @@ a PartitionWarning and a line in ``plan.report()``.
 """
 from __future__ import annotations
 
+from ..ops.registry import has_rule
 from .context import Ctx
 from .registry import handler
 
@@ -22,6 +23,9 @@ def say_if_sharded(ctx: Ctx, op, how: str) -> None:
 
 @handler("replicated")
 def replicated(ctx: Ctx, op, rule, plan, args, how: str = "computed replicated"):
+    if not has_rule(op.prim):  # a pure primitive gspmd_py has no rule for (ops/registry.py)
+        by = f" (emitted by {op.scope.split('/')[0]!r})" if getattr(op, "scope", "") else ""
+        how = f"gspmd_py has no sharding rule for this primitive{by}: computed whole on every device"
     say_if_sharded(ctx, op, how)
     outs = op.primitive.bind(*[a.x for a in args], **op.params)
     outs = list(outs) if op.primitive.multiple_results else [outs]

@@ -12,6 +12,7 @@ issue 7). Each case runs three ways on the same shardings and compares bit for b
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 from jax import lax
 from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 import gspmd_py as gp
 from partition_util import assert_bitwise, bitwise_diff, jit_sharded, mesh_of
@@ -313,6 +315,7 @@ def test_one_tag_name_per_value():
 _opaque_p = Primitive("opaque_test_op")
 _opaque_p.def_impl(lambda x: x)
 _opaque_p.def_abstract_eval(lambda x: x)
+mlir.register_lowering(_opaque_p, mlir.lower_fun(lambda x: x, multiple_results=False))
 
 
 @jax.jit
@@ -320,17 +323,21 @@ def library_helper(x):
     return _opaque_p.bind(jnp.sin(x)) * 2
 
 
-def test_unsupported_op_names_the_library_call_and_the_users_line():
-    """Unsupported-op errors named internal primitives (``le_to``, ``platform_index``) the
-    user never wrote, without the user's line: now they name the user-level function that
-    emitted them and the line, inside loop bodies too."""
-    x = np.ones((8,), np.float32)
-    with pytest.raises(gp.UnsupportedOpError, match=r"'opaque_test_op' \(emitted by 'library_helper', at "
-                                                     r".*test_user_values.py:\d+"):
-        gp.spmd(lambda v: library_helper(v) + 1, M8, in_shardings=P("x")).plan(x)
+def test_unruled_op_warning_names_the_library_call_and_the_users_line():
+    """A pure primitive gspmd_py has no rule for (a library's own) is computed whole on every
+    device: the fallback's warning names the user-level function that emitted it and the
+    user's line (it named internal primitives the user never wrote, without the line), inside
+    loop bodies too; the values are the unpartitioned function's."""
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
     scanned = lambda v: lax.scan(lambda c, r: (c + library_helper(r), None), v[0], v)[0]
-    with pytest.raises(gp.UnsupportedOpError, match="emitted by 'library_helper'"):
-        gp.spmd(scanned, M8, in_shardings=P("x")).plan(x)
+    for fn in (lambda v: library_helper(v) + 1, scanned):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            got = gp.spmd(fn, M8, in_shardings=P(None, "x"))(x)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(fn(x)), rtol=1e-6)
+        text = " ".join(str(w.message) for w in seen)
+        assert "opaque_test_op" in text and "emitted by 'library_helper'" in text, text
+        assert re.search(r"test_user_values.py:\d+", text), text
 
 
 # -- coverage: jnp functions that lower to primitives that were missing -----------------------------------
