@@ -148,6 +148,7 @@ NOT_RACED = {
     "pure_callback": "a host callback (runs on the host, not an op to race)",
     "no_operands": "empty / platform_index: no operands to shard",
     "dce_sink": "dce_sink keeps a value alive for JAX's dead-code elimination: no result to race",
+    "manual": "a user's jax.shard_map region: its body is the user's own per-device program, run as written",
 }
 
 
