@@ -42,6 +42,17 @@ def while_loop(a):
     return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1]) * 2), (0, a))[1]
 
 
+def manual(a):
+    """A jax.shard_map region over whatever mesh the program is traced under (gp.spmd's), rows
+    over every axis, a psum inside; outside any mesh the same sum computed plainly."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return a.sum(0) * 2 + 1
+    axes = mesh.axis_names
+    P = jax.sharding.PartitionSpec
+    return jax.shard_map(lambda b: lax.psum(b.sum(0), axes) * 2 + 1, in_specs=P(axes), out_specs=P())(a)
+
+
 def branch(a, b):
     return lax.cond(a.sum() > 0, lambda u, v: u * 2 + v, lambda u, v: u - v, a, b)
 
@@ -69,6 +80,7 @@ SAMPLES = {
                 (lambda a, b: jnp.linalg.solve(a @ jnp.swapaxes(a, -1, -2) + 4 * jnp.eye(4), b), [(5, 4, 4), (5, 4, 3)])],
     "key_op": [(lambda a: jax.random.key_data(jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, 3), 2))(
         jax.random.wrap_key_data((jnp.abs(a[:, :2]) * 1000).astype(jnp.uint32)))).astype(jnp.float32), [(6, 5)])],
+    "manual": [(manual, [(8, 5)])],
     "control": [(loop, [(5, 6), (5, 6)]), (while_loop, [(6, 4)]), (branch, [(4, 6), (4, 6)])],
     "transpose": [(lambda a: a.T * 2, [(6, 5)])],
     "broadcast_in_dim": [(lambda a: jnp.broadcast_to(a[:, None, :], (6, 4, 5)), [(6, 5)])],
