@@ -179,6 +179,7 @@ class _Search:
         self._decided: dict = {}  # state -> decisions (memo)
         self._seeds: dict = {}  # canonical state -> its seeds (memo)
         self._cvals: dict = {}  # class index -> _class_values (memo)
+        self._first_add: dict = {}  # (value id, dim, axis) -> can_add on a value with nothing on it (memo)
         if self.screen:
             try:
                 self.tables = CostTables(ctx.graph, ctx.mesh, hw)
@@ -212,12 +213,21 @@ class _Search:
     def _decisions(self, state) -> Optional[dict]:
         out: dict = {}
         ctx = self.ctx
+        first = self._first_add
         for c, d, a in state:
             ref = self.refs[a]
             for vid, v, base in self._class_values(c):
                 mine = out.get(vid)
                 if mine is None:
                     mine = out[vid] = [[] for _ in v.shape]
+                    if base is None:  # (nothing on the value yet: the answer is a function of (value, dim, axis))
+                        ok = first.get((vid, d, a))
+                        if ok is None:
+                            ok = first[vid, d, a] = ctx.can_add(v, d, ref, mine, uneven=UNEVEN)
+                        if not ok:
+                            return None
+                        mine[d].append(ref)
+                        continue
                 cur = mine if base is None else [x + y for x, y in zip(base, mine)]
                 if not ctx.can_add(v, d, ref, cur, uneven=UNEVEN):
                     return None
