@@ -84,6 +84,7 @@ class _Memo:
         self.applied: dict[tuple, tuple] = {}
         sig_ids: dict[tuple, int] = {}
         self.op_sig: list[int] = []
+        self.tensor_ids: list[tuple] = [tuple(v.id for v in op_tensors(op)) for op in ops]  # per op index
         for op in ops:
             first: dict[int, int] = {}
             alias = tuple(first.setdefault(v.id, t) for t, v in enumerate(op_tensors(op)))
@@ -277,6 +278,7 @@ class Propagation:
         opk, memo = self._opk, self._memo
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
         applied, op_sig = memo.applied, memo.op_sig
+        ts_get, tids = self._ts.get, memo.tensor_ids
         slow = self._slow if self.fast else range(len(all_ops))
         while True:
             changed = False
@@ -289,7 +291,10 @@ class Propagation:
                     done[i] = forward
                     kids = opk.get(i)
                     if kids is None:
-                        kids = opk[i] = self._kids(all_ops[i])
+                        kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
+                        if None in kids:
+                            kids = self._kids(all_ops[i])
+                        opk[i] = kids
                     op = all_ops[i]
                     got = memo_project.get((rule_no[op.id], kids), _UNSEEN)
                     if got is _UNSEEN:
@@ -431,12 +436,21 @@ class Propagation:
         changed values, whose keys the plan knows (so ``_kids`` need not intern them again)."""
         writes, changed = plan
         tensors = self.tensors[op.id]
+        state = self.state
         for t, d, new, prio, src_t in writes:
-            self._dim_states(tensors[t].id)[d] = DimState(new, prio, False, (op.id, tensors[src_t].id))
-        ts = self._ts
-        for t, key in changed:
+            st = state.get(tensors[t].id)
+            if st is None:
+                st = self._dim_states(tensors[t].id)
+            st[d] = DimState(new, prio, False, (op.id, tensors[src_t].id))
+        ts, near, dirty, done, opk = self._ts, self._near, self._dirty, self._forward_done, self._opk
+        for t, key in changed:  # (_touch, inlined)
             vid = tensors[t].id
-            self._touch(vid)
+            if self._touched is not None:
+                self._touched.add(vid)
+            for i in near.get(vid, ()):
+                dirty[i] = True
+                done[i] = False
+                opk.pop(i, None)
             ts[vid] = key
         return bool(changed)
 
@@ -449,6 +463,17 @@ class Propagation:
             projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._op_kids(i))
 
     # -- results ------------------------------------------------------------
+    @property
+    def value_keys(self) -> dict:
+        """Value id -> its interned key, for the values whose key is cached (unchanged since
+        last read); ``key_table[k][0]`` is then its axes per dim (what ``dims_of`` answers)."""
+        return self._ts
+
+    @property
+    def key_table(self) -> list:
+        """Interned key -> (axes per dim, priority per dim, size)."""
+        return self._memo.keys
+
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:
         k = self._ts.get(v.id)
         if k is not None:  # (the cached key of an unchanged value: its axes per dim)
