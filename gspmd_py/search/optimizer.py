@@ -86,6 +86,9 @@ point classes' users map built once (it was rebuilt per input). On 24 searches
 counts are unchanged. CPU seconds, main -> this, interleaved, h100-node: 24 unrolled blocks
 28.2-31.2 -> 23.9-26.4 (32.4-33.8 -> 26.6-27.4 at load average 5-7). The issue's 20 s is not
 reached: what is left is propagation (about a third) and the partitioner's trace (a quarter).
+(4): propagation memoises what a visit writes (engine.py ``_plan``, ops next to seeds excepted),
+``can_add`` on a bare value is memoised, the tables read interned keys: 24 unrolled blocks about
+25.5 -> 23.4 CPU s; same results on 13 searches (the note above). 20 s: still not reached.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
