@@ -88,7 +88,7 @@ counts are unchanged. CPU seconds, main -> this, interleaved, h100-node: 24 unro
 reached: what is left is propagation (about a third) and the partitioner's trace (a quarter).
 (4): propagation memoises what a visit writes (engine.py ``_plan``, ops next to seeds excepted),
 ``can_add`` on a bare value is memoised, the tables read interned keys: 24 unrolled blocks about
-25.5 -> 23.4 CPU s; same results on 13 searches (the note above). 20 s: still not reached.
+24.0-25.7 -> 21.7-23.4 CPU s; same results on 13 searches (the note above). 20 s: still not reached.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
