@@ -79,6 +79,16 @@ class _Memo:
         self.rule_no = {op.id: numbers.setdefault(id(rules[op.id]), len(numbers)) for op in ops}
         self._project: dict[tuple, Optional[tuple]] = {}
         self._record: dict[tuple, Projection] = {}
+        # (op signature, keys, forward) -> what a visit writes (``Propagation._plan``), and
+        # op index -> its signature: rule number and which of its tensors are the same value
+        self.applied: dict[tuple, tuple] = {}
+        sig_ids: dict[tuple, int] = {}
+        self.op_sig: list[int] = []
+        self.tensor_ids: list[tuple] = [tuple(v.id for v in op_tensors(op)) for op in ops]  # per op index
+        for op in ops:
+            first: dict[int, int] = {}
+            alias = tuple(first.setdefault(v.id, t) for t, v in enumerate(op_tensors(op)))
+            self.op_sig.append(sig_ids.setdefault((self.rule_no[op.id], alias), len(sig_ids)))
         self.open: Optional[tuple[dict, dict]] = None  # (value id -> key, op index -> keys) with every dim open
 
     def intern(self, key: tuple) -> int:
@@ -114,6 +124,10 @@ class _Memo:
 
 
 class Propagation:
+    # False: every visit goes through ``_apply_projected`` (no memoised plans): the reference
+    # the tests compare the fast path with (tests/propagation/test_plan_memo.py)
+    fast: bool = True
+
     def __init__(self, graph: Graph, mesh: Mesh, seeds: Sequence[Seed]):
         self.graph, self.mesh, self.seeds = graph, mesh, list(seeds)
         values = graph.all_values()
@@ -197,6 +211,9 @@ class Propagation:
         return self
 
     def _propagate(self, seeds: Sequence[Seed]) -> None:
+        # the ops next to a seeded value (the only values with closed dims): visited by
+        # _apply_projected itself, every other op by its memoised plan (_plan)
+        self._slow = {i for s in self.seeds for i in self._near.get(s.value.id, ())}
         for p in sorted({s.priority for s in seeds} | {0}):
             for s in seeds:
                 if s.priority == p:
@@ -260,6 +277,9 @@ class Propagation:
         dirty, done = self._dirty, self._forward_done
         opk, memo = self._opk, self._memo
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
+        applied, op_sig = memo.applied, memo.op_sig
+        ts_get, tids = self._ts.get, memo.tensor_ids
+        slow = self._slow if self.fast else range(len(all_ops))
         while True:
             changed = False
             for order in (ops, reversed(ops)):
@@ -271,14 +291,26 @@ class Propagation:
                     done[i] = forward
                     kids = opk.get(i)
                     if kids is None:
-                        kids = opk[i] = self._kids(all_ops[i])
+                        kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
+                        if None in kids:
+                            kids = self._kids(all_ops[i])
+                        opk[i] = kids
                     op = all_ops[i]
                     got = memo_project.get((rule_no[op.id], kids), _UNSEEN)
                     if got is _UNSEEN:
                         got = memo.project(self.mesh, op.id, rules[op.id], kids)
                     if got is None:
                         continue  # (most visits: no axes, or what the tensors already hold)
-                    changed_values = self._apply_projected(op, rules[op.id], forward, got)
+                    if i in slow:
+                        changed_values = self._apply_projected(op, rules[op.id], forward, got)
+                    else:
+                        mk = (op_sig[i], kids, forward)
+                        plan = applied.get(mk)
+                        if plan is None:
+                            plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids)
+                        if self._apply_plan(op, plan):
+                            changed = True
+                        continue
                     for vid in changed_values:
                         self._touch(vid)
                     if changed_values:
@@ -358,6 +390,70 @@ class Propagation:
                     changed.append(v.id)
         return changed
 
+    def _plan(self, op: Op, rule: OpRule, forward: bool, got: tuple, kids: tuple) -> tuple:
+        """What ``_apply_projected`` writes at a visit of ``op`` whose tensors hold ``kids``
+        (none of them closed): ((tensor, dim, axes, priority, source tensor) per dim written,
+        (tensor, its new interned key) per tensor whose value changed). A function of (the op's signature, ``kids``, ``forward``)
+        only (the keys hold every dim's axes and priority; the signature, the rule and which
+        tensors are one value), so it is memoised on them across ops and runs: the 24 layers
+        of a model meet the same keys again and again."""
+        keys = self._memo.keys
+        tensors = self.tensors[op.id]
+        final, source, projected = got
+        source = dict(source)
+        mesh = self.mesh
+        n_in = len(op.inputs)
+        first: dict[int, int] = {}
+        rep = [first.setdefault(v.id, t) for t, v in enumerate(tensors)]
+        cur = {r: (list(keys[kids[r]][0]), list(keys[kids[r]][1])) for r in first.values()}
+        writes: list[tuple] = []
+        changed: list[int] = []
+        for t, dims in enumerate(rule.tensors):
+            if n_in <= t < n_in + len(op.outputs) and not forward:
+                continue
+            axs, prs = cur[rep[t]]
+            for d, fs in enumerate(dims):
+                new = projected[t][d]
+                if not new or new == axs[d] or not fs:
+                    continue
+                if rule.factors[fs[0]].kind == NEED_REPLICATION and not rule.factors[fs[0]].carried:
+                    continue
+                new = ax.grown(mesh, axs[d], new, tuple(a for e, s in enumerate(axs) if e != d for a in s))
+                if new is None:
+                    continue
+                srcs = [source[f] for f in fs if f in source]
+                prio, src_t = next((x for x in srcs if rep[x[1]] != rep[t]), srcs[0])
+                prs[d] = min(prio, prs[d]) if axs[d] else prio
+                axs[d] = new
+                writes.append((t, d, new, prs[d], src_t))
+                if not changed or changed[-1] != rep[t]:
+                    changed.append(rep[t])
+        intern = self._memo.intern
+        return tuple(writes), tuple((r, intern((tuple(cur[r][0]), tuple(cur[r][1]), tensors[r].size))) for r in changed)
+
+    def _apply_plan(self, op: Op, plan: tuple) -> bool:
+        """Write a memoised ``_plan`` (what ``_apply_projected`` would write) and touch the
+        changed values, whose keys the plan knows (so ``_kids`` need not intern them again)."""
+        writes, changed = plan
+        tensors = self.tensors[op.id]
+        state = self.state
+        for t, d, new, prio, src_t in writes:
+            st = state.get(tensors[t].id)
+            if st is None:
+                st = self._dim_states(tensors[t].id)
+            st[d] = DimState(new, prio, False, (op.id, tensors[src_t].id))
+        ts, near, dirty, done, opk = self._ts, self._near, self._dirty, self._forward_done, self._opk
+        for t, key in changed:  # (_touch, inlined)
+            vid = tensors[t].id
+            if self._touched is not None:
+                self._touched.add(vid)
+            for i in near.get(vid, ()):
+                dirty[i] = True
+                done[i] = False
+                opk.pop(i, None)
+            ts[vid] = key
+        return bool(changed)
+
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
         mesh, rules, projections, memo = self.mesh, self.rules, self.projections, self._memo
@@ -367,6 +463,17 @@ class Propagation:
             projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._op_kids(i))
 
     # -- results ------------------------------------------------------------
+    @property
+    def value_keys(self) -> dict:
+        """Value id -> its interned key, for the values whose key is cached (unchanged since
+        last read); ``key_table[k][0]`` is then its axes per dim (what ``dims_of`` answers)."""
+        return self._ts
+
+    @property
+    def key_table(self) -> list:
+        """Interned key -> (axes per dim, priority per dim, size)."""
+        return self._memo.keys
+
     def dims_of(self, v: Value) -> tuple[tuple[AxisRef, ...], ...]:
         k = self._ts.get(v.id)
         if k is not None:  # (the cached key of an unchanged value: its axes per dim)

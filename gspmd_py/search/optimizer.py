@@ -86,6 +86,9 @@ point classes' users map built once (it was rebuilt per input). On 24 searches
 counts are unchanged. CPU seconds, main -> this, interleaved, h100-node: 24 unrolled blocks
 28.2-31.2 -> 23.9-26.4 (32.4-33.8 -> 26.6-27.4 at load average 5-7). The issue's 20 s is not
 reached: what is left is propagation (about a third) and the partitioner's trace (a quarter).
+(4): propagation memoises what a visit writes (engine.py ``_plan``, ops next to seeds excepted),
+``can_add`` on a bare value is memoised, the tables read interned keys: 24 unrolled blocks about
+24.0-25.7 -> 21.7-23.4 CPU s; same results on 13 searches (the note above). 20 s: still not reached.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
@@ -179,6 +182,7 @@ class _Search:
         self._decided: dict = {}  # state -> decisions (memo)
         self._seeds: dict = {}  # canonical state -> its seeds (memo)
         self._cvals: dict = {}  # class index -> _class_values (memo)
+        self._first_add: dict = {}  # (value id, dim, axis) -> can_add on a value with nothing on it (memo)
         if self.screen:
             try:
                 self.tables = CostTables(ctx.graph, ctx.mesh, hw)
@@ -212,12 +216,21 @@ class _Search:
     def _decisions(self, state) -> Optional[dict]:
         out: dict = {}
         ctx = self.ctx
+        first = self._first_add
         for c, d, a in state:
             ref = self.refs[a]
             for vid, v, base in self._class_values(c):
                 mine = out.get(vid)
                 if mine is None:
                     mine = out[vid] = [[] for _ in v.shape]
+                    if base is None:  # (nothing on the value yet: the answer is a function of (value, dim, axis))
+                        ok = first.get((vid, d, a))
+                        if ok is None:
+                            ok = first[vid, d, a] = ctx.can_add(v, d, ref, mine, uneven=UNEVEN)
+                        if not ok:
+                            return None
+                        mine[d].append(ref)
+                        continue
                 cur = mine if base is None else [x + y for x, y in zip(base, mine)]
                 if not ctx.can_add(v, d, ref, cur, uneven=UNEVEN):
                     return None

@@ -320,11 +320,13 @@ class CostTables:
         return self._price_steps(self._steps(shape, rdims, vdims, tuple(axes)), itemsize, grouped, REDUCTIONS)
 
     def indices(self, prop: Propagation) -> np.ndarray:
-        """Row of the table per term for one propagated candidate (new rows filled as met)."""
+        """Row of the table per term for one propagated candidate (new rows filled as met).
+        A value's dims are read from its interned key when the run has one (``dims_of``'s
+        first answer), and a known row is found by one dictionary lookup."""
         out = np.empty(len(self._layout), np.int64)
         projs = prop.projections
-        dims_of = prop.dims_of
-        row, op_rows = self._row, self._op_rows
+        dims_of, ts_get, keys = prop.dims_of, prop.value_keys.get, prop.key_table
+        row, op_rows, known = self._row, self._op_rows, self._keys.get
         seen: set = set()  # (value, target): a value resharded once per target, whatever reads it
         for t, lay in enumerate(self._layout):
             kind, op = lay[0], lay[1]
@@ -337,35 +339,37 @@ class CostTables:
                     got = op_rows[t, id(proj)] = (proj, row(("op", lay[2], rule, fk),
                                                              lambda: self._op_cost(op, rule, proj.factors, proj)))
                 out[t] = got[1]
-            elif kind == "in":
-                v = lay[3]
-                src, dst = dims_of(v), proj.operand_dims[lay[2]] if lay[2] < len(proj.operand_dims) else None
+                continue
+            v = lay[3]
+            k = ts_get(v.id)
+            vdims = keys[k][0] if k is not None else dims_of(v)
+            if kind == "in":
+                src, dst = vdims, proj.operand_dims[lay[2]] if lay[2] < len(proj.operand_dims) else None
                 if dst is None or src == dst or (v.id, dst) in seen:
                     out[t] = 0
                     continue
                 seen.add((v.id, dst))
-                late = v.id in self._late
-                out[t] = row(("re", v.shape, v.dtype.itemsize, src, dst, late),
-                             lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src, dst, late))
             elif kind == "out":
-                v = lay[3]
                 i = lay[2]
-                src, dst = (proj.result_dims[i] if i < len(proj.result_dims) else None), dims_of(v)
+                src, dst = (proj.result_dims[i] if i < len(proj.result_dims) else None), vdims
                 if src is None or src == dst:
                     out[t] = 0
                     continue
-                late = v.id in self._late
-                out[t] = row(("re", v.shape, v.dtype.itemsize, src, dst, late),
-                             lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src, dst, late))
             else:
                 if proj.partial is None or lay[2] >= len(proj.result_dims):
                     out[t] = 0
                     continue
-                v = lay[3]
-                rd, axes, vd = proj.result_dims[lay[2]], proj.partial.axes, dims_of(v)
-                late = lay[4]
-                out[t] = row(("pa", v.shape, v.dtype.itemsize, rd, axes, vd, late),
-                             lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd, axes, vd, late))
+                rd, axes, late = proj.result_dims[lay[2]], proj.partial.axes, lay[4]
+                key = ("pa", v.shape, v.dtype.itemsize, rd, axes, vdims, late)
+                r = known(key)
+                out[t] = r if r is not None else row(key, lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd,
+                                                                                       axes, vdims, late))
+                continue
+            late = v.id in self._late
+            key = ("re", v.shape, v.dtype.itemsize, src, dst, late)
+            r = known(key)
+            out[t] = r if r is not None else row(key, lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src,
+                                                                                   dst, late))
         return out
 
     def argument_bytes(self, prop: Propagation) -> int:

@@ -14,6 +14,7 @@ from gspmd_py.frontend.constraints import outside_user_mesh
 from gspmd_py.partitioner.passes import index_program, partition_graph
 from gspmd_py.program import combine as C
 from gspmd_py.propagation import Propagation, Seed
+from gspmd_py.propagation.engine import DimState
 from gspmd_py.runtime.layout import own_mesh
 from gspmd_py.cost import cost
 from gspmd_py.search.price import fingerprint, per_device_program
@@ -95,6 +96,56 @@ def test_shared_memo_propagation_equals_a_fresh_run(name, fn, shapes, mesh_shape
         fresh = Propagation(graph, mesh, seeds).run()
         assert fingerprint(shared, graph) == fingerprint(fresh, graph)
         assert shared.projections == fresh.projections
+
+
+def _unrolled(x, w1, w2, w3):
+    """Three identical blocks and their gradient: visits of different layers meet the same
+    keys, so memoised visit plans are reused across ops and runs."""
+    def loss(ws, x):
+        for w in ws:
+            x = x + jnp.tanh(x @ w) * 0.5
+        return jnp.sum(x * x)
+    return jax.grad(loss)((w1, w2, w3), x)
+
+
+def _all_states(prop, graph):
+    """Every value's dim states (axes, priority, closed, provenance), open ones included."""
+    return {v.id: tuple(prop.state.get(v.id) or ()) or ((DimState(),) * v.rank) for v in graph.all_values()}
+
+
+PLAN_PROGRAMS = list(REFERENCE) + [("unrolled", _unrolled, [(16, 32), (32, 32), (32, 32), (32, 32)], (2, 4), ("x", "y"))]
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", PLAN_PROGRAMS, ids=[r[0] for r in PLAN_PROGRAMS])
+def test_memoised_visit_plans_equal_the_visit_by_visit_path(name, fn, shapes, mesh_shape, names):
+    """engine.py ``_plan``: a visit of an op without closed tensors writes what its memoised
+    plan says; every dim state (priority and provenance included), projection and origin equals
+    the run where every visit goes through ``_apply_projected`` (``Propagation.fast = False``)."""
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    template = Propagation(graph, mesh, [])
+    sets = _seed_sets(graph, mesh)
+    # seeds on intermediate values too: the ops next to them take the closed path, the rest plans
+    inner = [v for v in graph.all_values() if v.rank == 2 and not v.is_const][:6]
+    sets += [[Seed(v, ((mesh.ref(names[0]),), None), 1, "t")] for v in inner if v.shape[0] % mesh.axis_size(names[0]) == 0]
+    # and with an input seed of another priority: dims grown by axes of two priorities
+    ax1 = names[-1]
+    sets += [[sets[0][0], Seed(v, (None, (mesh.ref(ax1),)), 1, "t")] for v in inner
+             if v.shape[1] % mesh.axis_size(ax1) == 0 and v.id != sets[0][0].value.id]
+    both = tuple(mesh.ref(a) for a in names)
+    sets += [[sets[0][0], Seed(v, (both, None), 1, "t")] for v in inner
+             if v.shape[0] % mesh.size == 0 and v.id != sets[0][0].value.id]
+    planned = 0
+    for seeds in sets + sets[::-1]:
+        fast = template.with_seeds(seeds).run()
+        slow = template.with_seeds(seeds)
+        slow.fast = False
+        slow.run()
+        assert _all_states(fast, graph) == _all_states(slow, graph)
+        assert fast.projections == slow.projections and fast.origin == slow.origin
+        assert fingerprint(fast, graph) == fingerprint(Propagation(graph, mesh, seeds).run(), graph)
+        planned = len(template._memo.applied)
+    assert planned > 0  # the plans were used
 
 
 MERGING = [r for r in REFERENCE if r[0] in ("train_step", "block_grad")]  # programs whose collectives merge
