@@ -125,7 +125,7 @@ class _Memo:
 
 class Propagation:
     # False: every visit goes through ``_apply_projected`` (no memoised plans): the reference
-    # the tests compare the fast path with (tests/propagation/test_plan_memo.py)
+    # the tests compare the fast path with (tests/search/test_search_speed.py)
     fast: bool = True
 
     def __init__(self, graph: Graph, mesh: Mesh, seeds: Sequence[Seed]):

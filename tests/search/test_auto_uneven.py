@@ -189,10 +189,12 @@ def test_runners_up_climbs_beat_the_local_optimum_of_the_best_start(monkeypatch)
          "wv": S((D, NH, K), jnp.float32), "wo": S((NH, K, D), jnp.float32), "w1": S((D, F), jnp.float32),
          "w2": S((F, D), jnp.float32)}
     ids = S((B, T), jnp.int32)
-    mesh = gp.Mesh.abstract((2, 4), ("x", "y"))
+    mesh = gp.Mesh.abstract((8,), ("x",))
     hw = gp.Hardware.preset("h100-node")
     monkeypatch.setattr(optimizer, "RUNNERS_UP", 0)
     without = gp.auto_shard(step, mesh, p, ids, ids, hardware=hw).cost.step_s
     monkeypatch.setattr(optimizer, "RUNNERS_UP", 3)
     with_runners = gp.auto_shard(step, mesh, p, ids, ids, hardware=hw).cost.step_s
-    assert with_runners < without * 0.99  # 1.488 vs 1.531 ms when written
+    # 1.363 vs 1.744 ms when written. (2, 4) was the case first (1.488 vs 1.531 ms); since stop 32's
+    # gather/scatter rule changes the best start's climb there reaches 1.332 ms alone
+    assert with_runners < without * 0.99
