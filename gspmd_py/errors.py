@@ -53,3 +53,9 @@ def short_repr(x, limit: int = 80) -> str:
         r = f"<{type(x).__name__}>"
     r = " ".join(r.split())
     return r if len(r) <= limit else r[: limit - 5] + " ...>"
+
+
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """An error said in one line: its type and the first line of its message (a skipped
+    candidate or schedule in a search report)."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:limit]}"

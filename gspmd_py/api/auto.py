@@ -174,11 +174,8 @@ def _fallback(result: SearchResult, error: BaseException, fn, mesh, in_shardings
     """The search's chosen plan failed to build: the next candidates (``result.top``, best
     first) replayed as decisions, the first that builds kept. (result, Spmd, plan, what happened)."""
     from .api import Spmd
-    from ..errors import ShardingError
+    from ..errors import ShardingError, first_line as said
     from ..search.tactics import Decided
-
-    def said(e: BaseException) -> str:
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
     failed = [f"{result.best.text} ({said(error)})"]
     for i, (cand, dec) in enumerate(zip(result.top, result.top_decisions)):

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import attrs
 
-from ..errors import ShardingError
+from ..errors import ShardingError, first_line as _said
 from ..frontend.pipeline import OpenPipeline, Schedule
 from ..mesh import Mesh
 from ..search.result import MemoryLimitError
@@ -79,10 +79,6 @@ def schedules_for(found: Sequence[OpenPipeline], mesh: Mesh) -> tuple[list, list
             continue
         out += [(axis, m, Schedule(S, m, found[0].layers // S)) for m in ms]
     return out, why
-
-
-def _said(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
 
 def _shape(s: Schedule) -> str:
