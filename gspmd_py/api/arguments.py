@@ -44,12 +44,17 @@ class Signature:
         donate = _ints(donate_argnums, "donate_argnums")
         params: tuple[str, ...] = ()
         out_of_range: list[int] = []
+        unknown: list[str] = []
+        takes: list[str] = []
         bad_donate: list[int] = []
         try:
             ps = list(inspect.signature(fn).parameters.values())
             params = tuple(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else "" for p in ps
                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
             by_name = {p.name: i for i, p in enumerate(ps) if p.kind == p.POSITIONAL_OR_KEYWORD}
+            takes = [p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if not any(p.kind == p.VAR_KEYWORD for p in ps):  # as jax.jit: a name fn does not take is an error
+                unknown = sorted(names - set(takes))
             # as jax.jit: a static position is static by name too, and the other way round
             if not any(p.kind == p.VAR_POSITIONAL for p in ps):  # as jax.jit: out of range is an error
                 out_of_range = sorted(i for i in nums if not -len(params) <= i < len(params))
@@ -58,6 +63,9 @@ class Signature:
             names |= {params[i] for i in nums if 0 <= i < len(params) and params[i] in by_name}
         except (TypeError, ValueError):  # builtins and some C callables have no signature
             pass
+        if unknown:
+            raise ArgumentError(f"{_name(fn)}: static_argnames {unknown} name no parameter of it (as jax.jit says: "
+                                f"invalid argnames); the names it takes are {takes}")
         if out_of_range:
             raise ArgumentError(f"{_name(fn)}: static_argnums {out_of_range} out of range: it takes "
                                 f"{len(params)} positional argument(s)")
