@@ -29,7 +29,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from .arguments import Call, Signature
+from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..runtime.executable import Executable
 from ..runtime.placed import logical_shape, unpad
@@ -222,8 +222,7 @@ class Spmd:
         def flat_fn(*leaves):  # the user's function as written: in/out shardings go to the compiler as seeds
             args, kwargs = call.rebuild(list(leaves))
             out = self.fn(*args, **kwargs)
-            flat, out_tree = jax.tree_util.tree_flatten(out)
-            flat = [jnp.asarray(o) for o in flat]
+            flat, out_tree = output_leaves(out, self._sig.fn_name)
             box.append((out_tree, self._out_dims(out, flat)))
             return flat
 

@@ -222,6 +222,26 @@ def _aval(x, i: int, call: Call, plan_only: bool):
         f"(static_argnums/static_argnames) or close over it{hint}")
 
 
+def output_leaves(out, fn_name: str) -> tuple[list, Any]:
+    """``fn``'s result flattened, each leaf a JAX array (Python scalars too, as under jax.jit); a
+    leaf that cannot be one (a string, an object) is an ArgumentError naming the output, where
+    jax.jit says "returned a value of type ..., which is not a valid JAX type"."""
+    import jax.numpy as jnp
+
+    with_paths, out_tree = jax.tree_util.tree_flatten_with_path(out)
+    flat = []
+    for i, (path, o) in enumerate(with_paths):
+        try:
+            flat.append(jnp.asarray(o))
+        except TypeError:
+            where = f"output{jax.tree_util.keystr(path)} (out{i})" if path else f"the output (out{i})"
+            raise ArgumentError(
+                f"{fn_name} returned {type(o).__name__} {short_repr(o, 40)} as {where}, which is not a valid JAX "
+                f"type: a gp.spmd function (as a jax.jit one) returns arrays, Python scalars and pytrees of them") \
+                from None
+    return flat, out_tree
+
+
 def _array_dtype(x, i: int, call: Call):
     """A numpy leaf's dtype, when JAX can hold it: object, string, bytes and structured arrays are
     an ArgumentError naming the leaf (JAX's own error names neither it nor the function)."""

@@ -16,28 +16,47 @@ import gspmd_py as gp
 P = gp.P
 M24 = gp.Mesh((2, 4), ("x", "y"))
 X = np.ones((8, 8), np.float32)
+CASES = []
 
 
-def _static_argname_not_a_parameter():
+def case(mistake: str, error: type, *needles: str):
+    """Add the decorated function (the mistake, made) to the table."""
+    def deco(fn):
+        CASES.append(pytest.param(fn, error, needles, id=mistake))
+        return fn
+    return deco
+
+
+# -- gp.spmd's arguments and results ----------------------------------------------------------------
+@case("static_argnames naming no parameter", gp.ArgumentError, "static_argnames ['nn']", "name no parameter",
+      "['a', 'n']")
+def _():
     gp.spmd(lambda a, n: a * n, M24, static_argnames=("nn",))
 
 
-CASES = [
-    ("static_argnames naming no parameter", _static_argname_not_a_parameter, gp.ArgumentError,
-     ["static_argnames ['nn']", "name no parameter", "['a', 'n']"]),
-]
+@case("returning a string", gp.ArgumentError, "<lambda> returned str 'done'", "output[1]['msg'] (out1)",
+      "not a valid JAX type")
+def _():
+    gp.spmd(lambda a: (a, {"msg": "done"}), M24)(X)
 
 
-@pytest.mark.parametrize("mistake, fn, error, needles", CASES, ids=[c[0] for c in CASES])
-def test_mistake_is_a_clear_error(mistake, fn, error, needles):
+# -- the table's test ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn, error, needles", CASES)
+def test_mistake_is_a_clear_error(fn, error, needles):
     assert issubclass(error, gp.ShardingError)
     with pytest.raises(error, match=".*".join(map(re.escape, needles))):
         fn()
 
 
+# -- what stays accepted ----------------------------------------------------------------------------
 def test_static_argnames_of_a_keyword_only_or_var_keyword_function_are_taken():
     """Names the function takes (keyword-only ones), and any name where it has **kwargs, stay accepted."""
     f = gp.spmd(lambda a, *, act: a * act, M24, static_argnames=("act",))
     np.testing.assert_allclose(f(X, act=2.0), X * 2)
     g = gp.spmd(lambda a, **kw: a * kw["k"], M24, static_argnames=("k",))
     np.testing.assert_allclose(g(X, k=3.0), X * 3)
+
+
+def test_python_scalar_outputs_stay_arrays():
+    out = gp.spmd(lambda a: (a + 1, 3, 2.5, True), M24)(X)
+    assert [np.asarray(o).item() for o in out[1:]] == [3, 2.5, True]
