@@ -115,6 +115,7 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     from .api import Spmd
     from ..cost.machine import default_hardware
 
+    mesh = _check_call(fn, mesh, hardware)
     if hardware is not None:
         hw, hw_text = hardware, f"hardware {hardware.name} (given)"
     else:
@@ -133,6 +134,26 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
     from .auto_pipeline import choose
 
     return choose(found, mesh, one, max_evaluations)
+
+
+def _check_call(fn, mesh, hardware) -> Mesh:
+    """``gp.auto_shard``'s function, mesh (a jax.sharding.Mesh converted) and hardware checked
+    before the search reads them."""
+    from ..cost import Hardware
+    from ..errors import HardwareError, ShardingError, short_repr
+
+    if not callable(fn):
+        raise ShardingError(f"gp.auto_shard: first argument must be the function, got {type(fn).__name__}")
+    if isinstance(mesh, jax.sharding.Mesh):
+        mesh = Mesh.from_jax(mesh)
+    if not isinstance(mesh, Mesh):
+        raise ShardingError(f"gp.auto_shard needs a gp.Mesh or a jax.sharding.Mesh as its mesh, got "
+                            f"{type(mesh).__name__} {short_repr(mesh, 40)}")
+    if hardware is not None and not isinstance(hardware, Hardware):
+        hint = f"gp.Hardware.preset({hardware!r})" if isinstance(hardware, str) else "gp.Hardware.preset('h100-node')"
+        raise HardwareError(f"gp.auto_shard: hardware must be a gp.Hardware (e.g. {hint}), got "
+                            f"{type(hardware).__name__} {short_repr(hardware, 40)}")
+    return mesh
 
 
 def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, prefix: tuple, search_kw) -> AutoResult:

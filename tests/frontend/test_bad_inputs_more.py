@@ -40,6 +40,18 @@ def _():
     gp.spmd(lambda a: (a, {"msg": "done"}), M24)(X)
 
 
+# -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
+@case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
+def _():
+    gp.auto_shard(lambda a: a @ a, (2, 4), X, max_evaluations=2)
+
+
+@case("auto_shard with a preset name as hardware", gp.HardwareError, "gp.auto_shard: hardware must be a gp.Hardware",
+      "gp.Hardware.preset('h100-node')", "got str 'h100-node'")
+def _():
+    gp.auto_shard(lambda a: a @ a, M24, X, hardware="h100-node", max_evaluations=2)
+
+
 # -- the table's test ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, error, needles", CASES)
 def test_mistake_is_a_clear_error(fn, error, needles):
