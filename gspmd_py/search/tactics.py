@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import attrs
+import numpy as np
 
 from ..errors import ShardingError, SpecError
 from ..mesh import AxisRef
@@ -373,6 +374,8 @@ def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30
         raise TacticError(f"gp.tactics.auto: memory_limit must be a positive number of bytes, got {memory_limit!r}")
     if not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):
         raise TacticError(f"gp.tactics.auto: time_budget_s must be positive, got {time_budget_s!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TacticError(f"gp.tactics.auto: seed must be an int, got {seed!r}")
     if max_evaluations is not None and not (isinstance(max_evaluations, int) and max_evaluations > 0):
         raise TacticError(f"gp.tactics.auto: max_evaluations must be a positive int, got {max_evaluations!r}")
     return Auto(tuple(axes), hardware, memory_limit, float(time_budget_s), int(seed), max_evaluations)

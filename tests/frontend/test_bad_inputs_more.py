@@ -52,6 +52,16 @@ def _():
     gp.auto_shard(lambda a: a @ a, M24, X, hardware="h100-node", max_evaluations=2)
 
 
+@case("auto_shard with a string seed", gp.TacticError, "seed must be an int", "'abc'")
+def _():
+    gp.auto_shard(lambda a: a @ a, M24, X, seed="abc", max_evaluations=2)
+
+
+@case("tactics.auto with a float seed", gp.TacticError, "seed must be an int", "1.5")
+def _():
+    gp.tactics.auto("x", seed=1.5)
+
+
 # -- the table's test ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, error, needles", CASES)
 def test_mistake_is_a_clear_error(fn, error, needles):
