@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ..errors import DeletedArrayError
+from ..errors import ArgumentError, DeletedArrayError
 from .placed import MARK, logical_shape, mark, unpad
 
 
@@ -86,10 +86,15 @@ class Boundary:
     # -- per call --------------------------------------------------------------------
     def call(self, executable: Callable, leaves: Sequence[Any]):
         """``executable`` (the compiled program) on the leaves; placed explicitly only if it rejects them."""
+        seen: dict[int, int] = {}
         for i, x in enumerate(leaves):  # XLA crashes the process (SIGSEGV) on a deleted buffer
             if isinstance(x, jax.Array):
                 if x.is_deleted():
                     raise self._deleted(i, x)
+                if self.donate:  # and on one buffer passed twice where one of them is donated (jax 0.10)
+                    j = seen.setdefault(id(x), i)
+                    if j != i and (i in self.donate or j in self.donate):
+                        raise self._donated_twice(j, i, x)
                 if getattr(x, MARK, None) is not None and x.shape != self.padded_shapes[i]:
                     leaves = self._unpadded(leaves)  # placed (padded) for a plan that pads it otherwise
                     break
@@ -124,6 +129,14 @@ class Boundary:
         return DeletedArrayError(
             f"{self.fn_name}: argument {name} {np.dtype(x.dtype).name}{list(x.shape)} has been deleted (as jax.jit "
             f"says: Array has been deleted): {why}; pass a live array, e.g. that call's output")
+
+    def _donated_twice(self, j: int, i: int, x) -> ArgumentError:
+        name = lambda k: self.names[k] if k < len(self.names) else f"leaf {k}"  # noqa: E731
+        return ArgumentError(
+            f"{self.fn_name}: arguments {name(j)} and {name(i)} are one array ({np.dtype(x.dtype).name}"
+            f"{list(x.shape)}) and donate_argnums donates {name(j) if j in self.donate else name(i)}: a donated "
+            f"buffer cannot be read again in the same call (XLA: 'Attempt to use a buffer that was previously "
+            f"donated in the same call'); pass a copy (x.copy()) or donate neither")
 
     def _fused_program(self, executable):
         """A jit of (pad the uneven inputs that arrive unpadded) then the program, for jax.Array

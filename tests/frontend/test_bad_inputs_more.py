@@ -40,6 +40,15 @@ def _():
     gp.spmd(lambda a: (a, {"msg": "done"}), M24)(X)
 
 
+@case("one array passed twice, donated", gp.ArgumentError, "arguments arg0 and arg1['b'] are one array",
+      "float32[8, 8]", "donates arg0", "x.copy()")
+def _():
+    # jax 0.10's XLA crashes the process (SIGSEGV) on it, jax 0.12's raises its own runtime error
+    f = gp.spmd(lambda a, d: a + d["b"], M24, in_shardings=(P("x", "y"), {"b": P("x", "y")}), donate_argnums=(0,))
+    a = f(X, {"b": X})  # laid out as the plan takes it: the call would pass its buffer as is
+    f(a, {"b": a})
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
@@ -82,3 +91,13 @@ def test_static_argnames_of_a_keyword_only_or_var_keyword_function_are_taken():
 def test_python_scalar_outputs_stay_arrays():
     out = gp.spmd(lambda a: (a + 1, 3, 2.5, True), M24)(X)
     assert [np.asarray(o).item() for o in out[1:]] == [3, 2.5, True]
+
+
+def test_donated_array_with_a_copy_runs():
+    f = gp.spmd(lambda a, d: a + d["b"], M24, in_shardings=(P("x", "y"), {"b": P("x", "y")}), donate_argnums=(0,))
+    a = f(X, {"b": X})
+    out = f(a, {"b": a.copy()})
+    np.testing.assert_allclose(out, 4 * X)
+    assert a.is_deleted()
+    b = f(X, {"b": X})
+    np.testing.assert_allclose(f(X, {"b": b}), 3 * X)  # the same array twice, neither donated: fine
