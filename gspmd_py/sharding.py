@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import SpecError, TileAssignmentError
+from .errors import SpecError, TileAssignmentError, short_repr
 from .mesh import AxisRef, Mesh
 
 DimAxes = tuple[AxisRef, ...]
@@ -86,6 +86,9 @@ class Sharding:
     def __init__(self, mesh: Mesh, spec=(), *, partial: Iterable = (), what: str = "tensor"):
         from jax.sharding import NamedSharding
 
+        if not isinstance(mesh, Mesh):
+            raise SpecError(f"gp.Sharding needs a gp.Mesh (gp.Mesh.from_jax for a jax.sharding.Mesh), got "
+                            f"{type(mesh).__name__} {short_repr(mesh, 40)}")
         if isinstance(spec, NamedSharding):
             spec = named_spec(mesh, spec.mesh, spec_of(spec), what)
         dims: list[DimAxes] = []
@@ -236,6 +239,9 @@ class Sharding:
         device order (GSPMD's IotaTileAssignment), in particular every one this class
         produces. Raises TileAssignmentError for one the mesh cannot express.
         """
+        if not isinstance(mesh, Mesh):
+            raise TileAssignmentError(f"gp.Sharding.from_tile_assignment needs a gp.Mesh, got {type(mesh).__name__} "
+                                      f"{short_repr(mesh, 40)}")
         return _from_tiles(mesh, np.asarray(tiles), replicate_last)
 
 

@@ -49,6 +49,22 @@ def _():
     f(a, {"b": a})
 
 
+# -- values: gp.Sharding, plan lookups ---------------------------------------------------------------
+@case("gp.Sharding over None", gp.SpecError, "gp.Sharding needs a gp.Mesh", "got NoneType None")
+def _():
+    gp.Sharding(None, P("x"))
+
+
+@case("gp.Sharding over a jax mesh", gp.SpecError, "gp.Mesh.from_jax", "got Mesh")
+def _():
+    gp.Sharding(jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y")), P("x"))
+
+
+@case("from_tile_assignment over a mesh shape", gp.TileAssignmentError, "needs a gp.Mesh", "got tuple (2, 4)")
+def _():
+    gp.Sharding.from_tile_assignment((2, 4), np.arange(8).reshape(2, 4))
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
