@@ -203,6 +203,9 @@ class Plan:
 
     # -- queries --------------------------------------------------------------------
     def _value(self, name: str) -> Value:
+        if not isinstance(name, str):
+            raise ShardingError(f"a value of {self.fn_name} is named by a string (a gp.tag name, 'arg0', 'out0'), "
+                                f"got {type(name).__name__} {name!r}")
         found = [v for v in self.graph.all_values() if v.name == name]
         if len({self._shardings[v.id] for v in found}) > 1:
             shown = "; ".join(f"{v.type_str} {self._shardings[v.id].shardy()}"

@@ -65,6 +65,11 @@ def _():
     gp.Sharding.from_tile_assignment((2, 4), np.arange(8).reshape(2, 4))
 
 
+@case("plan.sharding_of(an int)", gp.ShardingError, "named by a string", "got int 3")
+def _():
+    gp.spmd(lambda a: a + 1, M24).plan(X).sharding_of(3)
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
