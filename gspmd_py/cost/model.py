@@ -43,6 +43,7 @@ import attrs
 import numpy as np
 from jax.extend.core import Literal
 
+from ..errors import HardwareError
 from ..mesh import Mesh
 from ..ops import facts as F
 from ..ops import facts_of
@@ -343,7 +344,8 @@ def cost(program: CostInput, hw: Hardware, *, donate=None, overlap: bool = False
     if not isinstance(program, CostInput):
         raise TypeError(f"cost needs a CostInput (plan.cost_input()), got {type(program).__name__}")
     if not isinstance(hw, Hardware):
-        raise TypeError(f"plan.cost needs a gp.Hardware (e.g. gp.Hardware.preset('h100-node')), got {type(hw).__name__}")
+        hint = f"gp.Hardware.preset({hw!r})" if isinstance(hw, str) else "gp.Hardware.preset('h100-node')"
+        raise HardwareError(f"plan.cost needs a gp.Hardware (e.g. {hint}), got {type(hw).__name__}")
     donated = _donated_mask(program.index, program.donate if donate is None else _flat_indices(donate))
     w = _Walker(program, hw, while_trips)
     acc = _Acc()

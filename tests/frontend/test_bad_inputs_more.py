@@ -70,6 +70,12 @@ def _():
     gp.spmd(lambda a: a + 1, M24).plan(X).sharding_of(3)
 
 
+@case("plan.cost with a preset name", gp.HardwareError, "plan.cost needs a gp.Hardware",
+      "gp.Hardware.preset('h100-node')", "got str")
+def _():
+    gp.spmd(lambda a: a @ a, M24).plan(X).cost("h100-node")
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
