@@ -58,7 +58,7 @@ from jax.interpreters import ad, batching, mlir
 
 from .annotate import OPEN, annotate
 from ..dtypes import short_name
-from ..errors import ArgumentError
+from ..errors import ArgumentError, short_repr
 
 # the identity on a pipeline's result, carrying its schedule (plan.report() prints it)
 pipeline_p = Primitive("gspmd_pipeline")
@@ -152,6 +152,11 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: Optional[str] = 
     and R = L / S. ``gp.auto_shard`` prices such schedules against no pipeline and keeps the
     cheapest (``res.report()`` says which and why).
     """
+    if not callable(stage_fn):
+        got = (f"an array of shape {tuple(jnp.shape(stage_fn))}" if hasattr(stage_fn, "shape")
+               else f"{type(stage_fn).__name__} {short_repr(stage_fn, 40)}")
+        raise ArgumentError(f"gp.pipeline: stage_fn must be a function (one layer's params, one microbatch) -> "
+                            f"microbatch, got {got}; the arguments are gp.pipeline(stage_fn, stage_params, x, ...)")
     if axis is None and microbatches is None:
         if circular_repeats is not None:
             raise ArgumentError(f"gp.pipeline: circular_repeats={circular_repeats!r} given without axis and "

@@ -98,6 +98,14 @@ def _():
     gp.tactics.auto("x", seed=1.5)
 
 
+# -- gp.pipeline ---------------------------------------------------------------------------------------
+@case("gp.pipeline with the params first", gp.ArgumentError, "gp.pipeline: stage_fn must be a function",
+      "got an array of shape (2, 8, 8)", "gp.pipeline(stage_fn, stage_params, x")
+def _():
+    w = np.ones((2, 8, 8), np.float32)
+    gp.spmd(lambda w, x: gp.pipeline(w, lambda p, h: h @ p, x, axis="x", microbatches=2), M24)(w, X)
+
+
 # -- the table's test ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, error, needles", CASES)
 def test_mistake_is_a_clear_error(fn, error, needles):
