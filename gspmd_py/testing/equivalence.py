@@ -261,6 +261,19 @@ def cases(draw, fn, example_args: tuple, *, mesh=None, in_shardings=None, vary_s
     return Case(f, m, tuple(args), specs)
 
 
+def _check_specs(mesh: Mesh, in_shardings, args: tuple) -> None:
+    """The user's in_shardings against the example arguments: a spec that names no axis of the
+    mesh or does not fit its tensor is the caller's SpecError, raised here, never an
+    "inequivalence" found on a shrunk example."""
+    from ..frontend.specs import spec_dims
+
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(args)[0]) if jax.tree_util.tree_leaves(args) \
+        else ((), ())
+    spec_dims(mesh, in_shardings, args, [np.ndim(a) for a in leaves],
+              [f"{jnp.result_type(a)}{list(np.shape(a))}" for a in leaves], "in_shardings",
+              [f"arg{p[0].idx}{jax.tree_util.keystr(p[1:])}" for p in paths])
+
+
 def _key(case: Case):
     try:
         hash(case.fn)
@@ -371,6 +384,8 @@ def assert_spmd_equivalent(fn, *example_args, mesh=None, in_shardings=None, refe
         except Exception as e:  # noqa: BLE001 - said plainly instead of as an unsatisfiable search
             raise TypeError(f"assert_spmd_equivalent: {getattr(fn, '__name__', fn)} does not run on its example "
                             f"arguments: {type(e).__name__}: {e}") from e
+    if in_shardings is not None and isinstance(mesh, Mesh) and not isinstance(fn, st.SearchStrategy):
+        _check_specs(mesh, in_shardings, tuple(example_args))
     modes = ("value",) + (("grad",) if also_grad else ()) + (("vmap",) if also_vmap else ())
     strategy = cases(fn, tuple(example_args), mesh=mesh, in_shardings=in_shardings, vary_shapes=vary_shapes,
                      value_modes=value_modes)

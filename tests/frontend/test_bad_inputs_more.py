@@ -106,6 +106,20 @@ def _():
     gp.spmd(lambda w, x: gp.pipeline(w, lambda p, h: h @ p, x, axis="x", microbatches=2), M24)(w, X)
 
 
+# -- gp.testing ----------------------------------------------------------------------------------------
+@case("assert_spmd_equivalent with an axis the mesh lacks", gp.SpecError, "in_shardings[0]", "float32[8, 8]",
+      "unknown mesh axis 'z'")
+def _():
+    gp.testing.assert_spmd_equivalent(lambda a: a * 2, X, mesh=M24, in_shardings=(P("z"),), max_examples=2)
+
+
+@case("assert_spmd_equivalent with a spec longer than the rank", gp.SpecError, "in_shardings[0]['b']", "arg0['b'] float32[8]",
+      "has 2 entries but the tensor has rank 1")
+def _():
+    gp.testing.assert_spmd_equivalent(lambda d: d["a"].sum() + d["b"], {"a": X, "b": X[0]}, mesh=M24,
+                                      in_shardings=({"a": None, "b": P("x", "y")},), max_examples=2)
+
+
 # -- the table's test ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, error, needles", CASES)
 def test_mistake_is_a_clear_error(fn, error, needles):
