@@ -24,7 +24,7 @@ from jax.interpreters import ad, batching, mlir
 from .. import jax_compat as compat
 from ..errors import AnnotationError, SpecError
 from ..mesh import Mesh
-from ..sharding import entry_axes, spec_of
+from ..sharding import Sharding, entry_axes, spec_of
 
 # source locations in messages should point at the user's code, not at gspmd_py's
 compat.exclude_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)
@@ -92,6 +92,8 @@ def annotate(x, spec, *, priority: int = 0, unspecified: bool = False):
         raise AnnotationError(f"gp.annotate: priority must be a non-negative int, got {priority!r}")
     # a NamedSharding's names refer to its own mesh (order checked against the function's at plan time)
     extra = {"jax_mesh": spec.mesh} if isinstance(spec, jax.sharding.NamedSharding) else {}
+    if isinstance(spec, Sharding):  # as in_shardings takes it: its mesh must be the function's (plan time)
+        extra, spec = {"gp_mesh": spec.mesh}, spec.spec
     return _bind(x, spec, priority, unspecified, extra)
 
 

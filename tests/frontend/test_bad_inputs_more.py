@@ -49,6 +49,13 @@ def _():
     f(a, {"b": a})
 
 
+@case("gp.annotate with a gp.Sharding of another mesh", gp.SpecError, "gp.annotate at",
+      "its mesh has axes {'x': 4, 'y': 2} but the gp.spmd function's mesh has {'x': 2, 'y': 4}")
+def _():
+    s = gp.Sharding(gp.Mesh((4, 2), ("x", "y")), P("x", "y"))
+    gp.spmd(lambda a: gp.annotate(a, s) + 1, M24).plan(X)
+
+
 # -- values: gp.Sharding, plan lookups ---------------------------------------------------------------
 @case("gp.Sharding over None", gp.SpecError, "gp.Sharding needs a gp.Mesh", "got NoneType None")
 def _():
@@ -150,3 +157,14 @@ def test_donated_array_with_a_copy_runs():
     assert a.is_deleted()
     b = f(X, {"b": X})
     np.testing.assert_allclose(f(X, {"b": b}), 3 * X)  # the same array twice, neither donated: fine
+
+
+def test_annotate_takes_a_gp_sharding_of_the_function_mesh():
+    """gp.annotate takes a gp.Sharding, as in_shardings does (it was 'expected a partition spec')."""
+    def f(a):
+        return gp.tag(gp.annotate(a * 2, gp.Sharding(M24, P("y", "x"))), "h") + 1
+
+    plan = gp.spmd(f, M24).plan(X)
+    assert plan.sharding_of("h") == gp.Sharding(M24, P("y", "x"))
+    np.testing.assert_allclose(gp.spmd(f, M24)(X), X * 2 + 1)
+    np.testing.assert_allclose(f(X), X * 2 + 1)  # outside gp.spmd: the identity
