@@ -33,7 +33,7 @@ from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..runtime.executable import Executable
 from ..runtime.placed import logical_shape, unpad
-from ..errors import ArgumentError, ShardingError
+from ..errors import ArgumentError, ShardingError, SpecError
 from ..compiler import Dims, gc_paused, plan_jaxpr
 from ..ir import Value
 from ..mesh import Mesh
@@ -121,6 +121,8 @@ class Spmd:
         self.fn, self.mesh = fn, mesh
         self.combine_threshold_bytes = combine_threshold_bytes
         self.shaping = Shaping(hardware, collective_matmul_bytes)
+        _no_tactics(in_shardings, "in_shardings")
+        _no_tactics(out_shardings, "out_shardings")
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self.tactics = check_tactics(tactics)
         self._sig = Signature.of(fn, static_argnums, static_argnames, donate_argnums)
@@ -290,6 +292,18 @@ class Spmd:
             return [None] * len(flat)
         return spec_dims(self.mesh, self.out_shardings, out, [o.ndim for o in flat], [_type_str(o) for o in flat],
                          "out_shardings", [f"out{i}" for i in range(len(flat))])
+
+
+def _no_tactics(specs, what: str) -> None:
+    """A gp.tactics entry (``res.rules()`` is a tactics list) given as in/out shardings is said as
+    such: it belongs in ``tactics=``."""
+    from ..search.tactics import TACTICS
+
+    entries = specs if isinstance(specs, (list, tuple)) else [specs]
+    if any(isinstance(e, TACTICS) for e in entries):
+        raise SpecError(f"gp.spmd: {what} got gp.tactics entries ({', '.join(map(str, entries))}): tactics, and "
+                        f"gp.AutoResult.rules()'s list, go in tactics=..., e.g. gp.spmd(fn, mesh, "
+                        f"tactics=res.rules()); in_shardings=res.in_shardings for the inputs' specs")
 
 
 def _given(dims: list[Optional[Dims]], labels: list[str]) -> Optional[tuple]:

@@ -95,6 +95,18 @@ def _():
     gp.auto_shard(lambda a: a @ a, M24, X, hardware="h100-node", max_evaluations=2)
 
 
+@case("res.rules() given as in_shardings", gp.SpecError, "in_shardings got gp.tactics entries", "auto()",
+      "tactics=res.rules()")
+def _():
+    res = gp.auto_shard(lambda d: d["a"] @ d["a"], M24, {"a": X}, max_evaluations=2)
+    gp.spmd(lambda d: d["a"] @ d["a"], M24, in_shardings=res.rules())
+
+
+@case("a tactic given as out_shardings", gp.SpecError, "out_shardings got gp.tactics entries", "batch('x')")
+def _():
+    gp.spmd(lambda a: a, M24, out_shardings=gp.tactics.batch("x"))
+
+
 @case("auto_shard with a string seed", gp.TacticError, "seed must be an int", "'abc'")
 def _():
     gp.auto_shard(lambda a: a @ a, M24, X, seed="abc", max_evaluations=2)
