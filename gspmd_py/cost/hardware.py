@@ -156,6 +156,15 @@ class Hardware:
         Collectives are measured at ``sizes`` bytes per device (default 16 KiB to 32 MiB);
         those above 2 MiB within ``large_budget_s`` seconds per round (1.5 s: on a slow
         host the largest sizes are dropped and extrapolated; None: measure them all)."""
+        import jax
+
+        if isinstance(mesh, jax.sharding.Mesh):
+            mesh = Mesh.from_jax(mesh)
+        if not isinstance(mesh, Mesh):
+            raise HardwareError(f"gp.Hardware.calibrate needs the gp.Mesh to measure, got {type(mesh).__name__} "
+                                f"{mesh!r:.40}")
+        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+            raise HardwareError(f"gp.Hardware.calibrate: reps must be a positive int (rounds measured), got {reps!r}")
         return Hardware.from_measured(measure(mesh, sizes=sizes, reps=reps, name=name,
                                               large_budget_s=large_budget_s))
 

@@ -83,6 +83,17 @@ def _():
     gp.spmd(lambda a: a @ a, M24).plan(X).cost("h100-node")
 
 
+@case("Hardware.calibrate over a mesh shape", gp.HardwareError, "gp.Hardware.calibrate needs the gp.Mesh",
+      "got tuple (2, 4)")
+def _():
+    gp.Hardware.calibrate((2, 4))
+
+
+@case("Hardware.calibrate with reps=0", gp.HardwareError, "reps must be a positive int", "got 0")
+def _():
+    gp.Hardware.calibrate(M24, reps=0)  # was numpy's LinAlgError from a fit over no samples
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
