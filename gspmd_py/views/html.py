@@ -11,9 +11,11 @@ sharding, tile grid and ``explain`` chain), the per-op table, and the per-device
 from __future__ import annotations
 
 import html
+import os
 from typing import Optional
 
 from . import report as rep
+from ..errors import ArgumentError
 from ..ir import Value
 from .visualize import Cell, TileGrid, color_of, tile_grid
 
@@ -226,6 +228,9 @@ def _ops(plan) -> str:
 
 def save_html(plan, path: Optional[str] = None) -> str:
     """Write the page to ``path`` (when given) and return its text."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):  # open(3) would write to file descriptor 3
+        raise ArgumentError(f"plan.save_html: path must be a file name (str or os.PathLike), got "
+                            f"{type(path).__name__} {path!r:.40}")
     text = page(plan)
     if path is not None:
         with open(path, "w", encoding="utf-8") as f:

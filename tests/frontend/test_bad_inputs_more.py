@@ -94,6 +94,11 @@ def _():
     gp.Hardware.calibrate(M24, reps=0)  # was numpy's LinAlgError from a fit over no samples
 
 
+@case("plan.save_html with an int path", gp.ArgumentError, "plan.save_html: path must be a file name", "got int 3")
+def _():
+    gp.spmd(lambda a: a + 1, M24).plan(X).save_html(3)  # open(3) writes into file descriptor 3
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
