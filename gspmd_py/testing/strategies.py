@@ -24,6 +24,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import dtypes
+from ..errors import ArgumentError, MeshError, SpecError
 from ..frontend.annotate import OPEN, annotate
 from ..mesh import Mesh
 
@@ -70,9 +71,11 @@ def meshes(draw, max_devices: int = 8, max_axes: int = 3, *, axis_names: Optiona
         max_devices = min(max_devices, _n_devices())
     max_axes = min(max_axes, len(names))
     if max_devices < max(min_devices, 1) or max_axes < 1:
-        raise ValueError(f"gpt.meshes: no mesh of {min_devices}..{max_devices} devices over {max_axes} axes "
-                         f"(jax has {_n_devices()} devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8 "
-                         f"before jax is imported, or use gpt.pytest_plugin)")
+        few = not abstract and _n_devices() < max(min_devices, 1)
+        raise MeshError(f"gpt.meshes: no mesh of {min_devices}..{max_devices} devices over {max_axes} axes " + (
+            f"(jax has {_n_devices()} devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax is "
+            f"imported, or use gpt.pytest_plugin)" if few else
+            "(max_devices must be at least min_devices, and max_axes and the axis names at least 1)"))
     shape = draw(st.sampled_from(mesh_shapes(max_devices, max_axes, min_devices, tuple(sizes), abstract)))
     total = math.prod(shape)
     n_axes = len(shape)
@@ -97,7 +100,7 @@ def mesh_shapes(max_devices: int, max_axes: int, min_devices: int = 2, sizes: Se
     rank = {n: i for i, n in enumerate(pool)}
     found = sorted(set(found), key=lambda t: (math.prod(t), len(t), [rank[n] for n in t]))
     if not found:
-        raise ValueError(f"gpt.meshes: no mesh shape of {min_devices}..{max_devices} devices over {max_axes} axes")
+        raise MeshError(f"gpt.meshes: no mesh shape of {min_devices}..{max_devices} devices over {max_axes} axes")
     return tuple(found)
 
 
@@ -124,6 +127,10 @@ def shardings(draw, shape: Sequence[int], mesh: Mesh, *, sub_axes: bool = True, 
     split into sub-axes (``y:(1)2``, ``y:(2)2``) that dims take independently. With ``open_dims``
     a dim may be ``"?"`` (open: propagation chooses it; for gp.annotate, not for in_shardings).
     Shrinks towards the replicated spec."""
+    if not isinstance(mesh, Mesh):
+        raise SpecError(f"gpt.shardings(shape, mesh): mesh must be a gp.Mesh, got {type(mesh).__name__} {mesh!r:.40}")
+    if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+        raise SpecError(f"gpt.shardings(shape, mesh): shape must be non-negative ints, got {tuple(shape)!r}")
     free = _free_axes(draw, mesh, sub_axes)
     entries: list[Any] = []
     for _ in range(len(shape)):
@@ -240,6 +247,8 @@ def values(dtype, *, specials: bool = True, near_max: bool = True):
     """Scalars of ``dtype`` (a numpy scalar each): ordinary values first (small integers, floats
     in [-2, 2]), then the special ones (``special_values``). Shrinks towards 0."""
     d = np.dtype(dtype)
+    if not (dtypes.is_bool(d) or jnp.issubdtype(d, jnp.number)):
+        raise ArgumentError(f"gpt.values: dtype {d} is not one JAX arrays hold (a bool, int, float or complex dtype)")
     if dtypes.is_bool(d):
         ordinary = st.booleans()
     elif dtypes.is_int(d):

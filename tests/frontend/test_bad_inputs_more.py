@@ -155,6 +155,37 @@ def _():
                                       in_shardings=({"a": None, "b": P("x", "y")},), max_examples=2)
 
 
+def _draw(strategy):
+    from hypothesis import given, settings
+
+    @settings(max_examples=1, deadline=None, database=None)
+    @given(strategy)
+    def draw(_):
+        pass
+
+    draw()
+
+
+@case("gpt.meshes(max_devices=0)", gp.MeshError, "no mesh of 2..0 devices", "max_devices must be at least min_devices")
+def _():
+    _draw(gp.testing.meshes(max_devices=0))  # said "jax has 8 devices: set XLA_FLAGS" (it has them)
+
+
+@case("gpt.shardings over a mesh shape", gp.SpecError, "mesh must be a gp.Mesh", "got tuple (2, 4)")
+def _():
+    _draw(gp.testing.shardings((8, 8), (2, 4)))
+
+
+@case("gpt.shardings of a negative shape", gp.SpecError, "shape must be non-negative ints", "(-1, 8)")
+def _():
+    _draw(gp.testing.shardings((-1, 8), M24))
+
+
+@case("gpt.values(object)", gp.ArgumentError, "gpt.values: dtype object", "bool, int, float or complex")
+def _():
+    gp.testing.values(object)
+
+
 # -- the table's test ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, error, needles", CASES)
 def test_mistake_is_a_clear_error(fn, error, needles):
