@@ -28,6 +28,11 @@ class ArgumentError(AnnotationError):
     transformation it cannot be part of. (An AnnotationError too: non-array leaves were those.)"""
 
 
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type to a gp.testing helper (a mesh that is not a gp.Mesh, a
+    tolerance that is not a number): a TypeError too, as Python's own for such a mistake."""
+
+
 class DeletedArrayError(ArgumentError, RuntimeError):
     """An argument whose buffers are gone (donated to an earlier call, or ``.delete()``d). A
     RuntimeError too, as jax.jit's "Array has been deleted"."""

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from .. import dtypes
 from ..api.api import spmd
+from ..errors import ArgumentTypeError
 from ..mesh import Mesh
 from ..sharding import entry_axes
 from . import compare
@@ -375,9 +376,10 @@ def assert_spmd_equivalent(fn, *example_args, mesh=None, in_shardings=None, refe
     drawn), ``value_modes`` (of "plain", "special", "near_max"), ``seed`` (derandomize with it).
     """
     if tol != "auto" and not isinstance(tol, (int, float)):
-        raise TypeError(f"tol must be 'auto' or a number, got {tol!r}")
+        raise ArgumentTypeError(f"assert_spmd_equivalent: tol must be 'auto' or a number, got {tol!r}")
     if not isinstance(fn, st.SearchStrategy) and not callable(fn):
-        raise TypeError(f"fn must be callable (or a strategy of callables), got {type(fn).__name__}")
+        raise ArgumentTypeError(f"assert_spmd_equivalent: fn must be callable (or a strategy of callables), got "
+                                f"{type(fn).__name__}")
     if not isinstance(fn, st.SearchStrategy):
         try:
             jax.eval_shape(fn, *example_args)

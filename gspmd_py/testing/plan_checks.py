@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from ..api.api import spmd
+from ..errors import ArgumentError, ArgumentTypeError
 from ..mesh import Mesh
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -55,11 +56,15 @@ def assert_plan(fn, *args, mesh: Mesh, in_shardings: Any = None, out_shardings: 
     ``collectives_at_most``: an int (all collectives) or a mapping kind -> count.
     """
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"assert_plan: mesh must be a gp.Mesh (gp.Mesh.abstract for planning at scale), got {mesh!r}")
+        raise ArgumentTypeError(f"assert_plan: mesh must be a gp.Mesh (gp.Mesh.abstract for planning at scale), "
+                                f"got {mesh!r}")
+    for what, limit in (("max_collective_bytes", max_collective_bytes), ("max_peak_bytes", max_peak_bytes)):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0):
+            raise ArgumentError(f"assert_plan: {what} must be a non-negative number of bytes or None, got {limit!r}")
     if isinstance(collectives_at_most, Mapping):
         unknown = sorted(set(collectives_at_most) - set(KINDS))
         if unknown:
-            raise ValueError(f"assert_plan: collectives_at_most names unknown kinds {unknown}; kinds: {list(KINDS)}")
+            raise ArgumentError(f"assert_plan: collectives_at_most names unknown kinds {unknown}; kinds: {list(KINDS)}")
     abstract_args = jax.tree_util.tree_map(_abstract, args)
     f = spmd(fn, mesh, in_shardings=in_shardings, out_shardings=out_shardings, **spmd_kwargs)
     plan = f.plan(*abstract_args)

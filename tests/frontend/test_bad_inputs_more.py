@@ -186,6 +186,22 @@ def _():
     gp.testing.values(object)
 
 
+@case("assert_plan over a mesh shape", gp.ArgumentError, "assert_plan: mesh must be a gp.Mesh", "got (2, 4)")
+def _():
+    gp.testing.assert_plan(lambda a: a * 2, X, mesh=(2, 4), in_shardings=(P("x"),))
+
+
+@case("assert_plan with a negative byte limit", gp.ArgumentError, "max_collective_bytes must be a non-negative",
+      "got -1")
+def _():
+    gp.testing.assert_plan(lambda a: a @ a, X, mesh=M24, in_shardings=(P("x", "y"),), max_collective_bytes=-1)
+
+
+@case("assert_spmd_equivalent with tol='fast'", gp.ArgumentError, "tol must be 'auto' or a number", "'fast'")
+def _():
+    gp.testing.assert_spmd_equivalent(lambda a: a * 2, X, mesh=M24, tol="fast", max_examples=2)
+
+
 # -- the table's test ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, error, needles", CASES)
 def test_mistake_is_a_clear_error(fn, error, needles):
@@ -227,3 +243,11 @@ def test_annotate_takes_a_gp_sharding_of_the_function_mesh():
     assert plan.sharding_of("h") == gp.Sharding(M24, P("y", "x"))
     np.testing.assert_allclose(gp.spmd(f, M24)(X), X * 2 + 1)
     np.testing.assert_allclose(f(X), X * 2 + 1)  # outside gp.spmd: the identity
+
+
+def test_testing_helpers_wrong_types_are_type_errors_too():
+    """The ArgumentErrors for a wrong type stay TypeErrors, as they were (and as Python's own)."""
+    with pytest.raises(TypeError, match="mesh must be a gp.Mesh"):
+        gp.testing.assert_plan(lambda a: a * 2, X, mesh=(2, 4))
+    with pytest.raises(TypeError, match="fn must be callable"):
+        gp.testing.assert_spmd_equivalent(3, X, mesh=M24, max_examples=2)
