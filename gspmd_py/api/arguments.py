@@ -213,10 +213,11 @@ def _aval(x, i: int, call: Call, plan_only: bool):
                     f"(jax_enable_x64 is {'on' if dtype == np.int64 else 'off'}): pass an array of the dtype you "
                     f"want, or mark it static (static_argnums/static_argnames)")
         return jax.ShapeDtypeStruct((), dtype, weak_type=True)
-    if hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "__array__"):
+    if hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "__array__") and not isinstance(x, type):
         return jax.ShapeDtypeStruct(tuple(x.shape), _array_dtype(x, i, call))
-    hint = " (a function inside a model? split it off first, e.g. eqx.partition(model, eqx.is_array))" \
-        if callable(x) else ""
+    hint = (" (a dtype? pass an array of it, e.g. np.zeros((), dtype), or mark it static)" if _is_dtype(x) else
+            " (a function inside a model? split it off first, e.g. eqx.partition(model, eqx.is_array))"
+            if callable(x) else "")
     raise ArgumentError(
         f"{fn_name}: argument {label} is {type(x).__name__} {short_repr(x, 40)}, not an array: mark it static "
         f"(static_argnums/static_argnames) or close over it{hint}")
@@ -240,6 +241,14 @@ def output_leaves(out, fn_name: str) -> tuple[list, Any]:
                 f"type: a gp.spmd function (as a jax.jit one) returns arrays, Python scalars and pytrees of them") \
                 from None
     return flat, out_tree
+
+
+def _is_dtype(x) -> bool:
+    """``np.float32`` / ``jnp.bfloat16`` / ``np.dtype('f4')``: a dtype where an array was meant."""
+    try:
+        return (isinstance(x, (np.dtype, type))) and np.dtype(x).kind in "biufcV"  # (bfloat16 is kind V)
+    except TypeError:
+        return False
 
 
 def _array_dtype(x, i: int, call: Call):

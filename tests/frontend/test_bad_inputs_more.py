@@ -99,6 +99,12 @@ def _():
     gp.spmd(lambda a: a + 1, M24).plan(X).save_html(3)  # open(3) writes into file descriptor 3
 
 
+@case("planning with a dtype for an argument", gp.ArgumentError, "argument arg1 is type <class 'numpy.float32'>",
+      "not an array", "a dtype?")
+def _():
+    gp.spmd(lambda a, b: a * b, M24).plan(X, np.float32)  # was "'getset_descriptor' object is not iterable"
+
+
 # -- gp.auto_shard and gp.tactics --------------------------------------------------------------------
 @case("auto_shard over a tuple as mesh", gp.ShardingError, "gp.auto_shard needs a gp.Mesh", "got tuple (2, 4)")
 def _():
