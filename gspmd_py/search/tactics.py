@@ -120,13 +120,30 @@ class Batch(_OneAxis):
         a = _axis(ctx, self.axis, str(self))
         before = _snapshot(ctx)
         nums = self.argnums if self.argnums is None else _resolve_argnums(ctx, self.argnums, str(self))
+        found = 0
         for v, lf in zip(ctx.graph.inputs, ctx.leaves):
             if lf.argnum is None or v.rank == 0:
                 continue
             if (nums is None and lf.argnum == 0) or (nums is not None and lf.argnum not in nums):
                 continue
             ctx.add(v, 0, a, str(self))
+            found += 1
+        if not found:
+            _batch_found_nothing(self, ctx, nums)
         _record(ctx, str(self), before)
+
+
+def _batch_found_nothing(tactic: Batch, ctx: TacticContext, nums) -> None:
+    """A batch tactic with no array argument of rank >= 1 to shard: said (a warning), not a silent no-op."""
+    import warnings
+
+    argnums = sorted({lf.argnum for lf in ctx.leaves if lf.argnum is not None})
+    if nums is None and argnums in ([], [0]):
+        why = ("the function's only positional argument is arg0, which batch() takes as the parameters (JAX's "
+               "fn(params, *batch)): pass argnums=(0,) to shard its leading dim")
+    else:
+        why = "the arguments it takes are all scalars (rank 0)"
+    warnings.warn(f"gp.tactics.{tactic}: no argument to shard: {why}", UserWarning, stacklevel=2)
 
 
 @attrs.frozen

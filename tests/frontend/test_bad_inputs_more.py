@@ -257,3 +257,14 @@ def test_testing_helpers_wrong_types_are_type_errors_too():
         gp.testing.assert_plan(lambda a: a * 2, X, mesh=(2, 4))
     with pytest.raises(TypeError, match="fn must be callable"):
         gp.testing.assert_spmd_equivalent(3, X, mesh=M24, max_examples=2)
+
+
+@pytest.mark.parametrize("fn, args, why", [
+    (lambda a: a * 2, (X,), "only positional argument is arg0, which batch() takes as the parameters"),
+    (lambda p, s: p * s, (X, np.float32(2)), "all scalars (rank 0)"),
+], ids=["one argument", "scalar data"])
+def test_batch_tactic_with_nothing_to_shard_warns(fn, args, why):
+    """gp.tactics.batch that finds no data argument says so (it was a silent no-op: all replicated)."""
+    with pytest.warns(UserWarning, match=re.escape("gp.tactics.batch('x'): no argument to shard: ") + ".*"
+                      + re.escape(why)):
+        gp.spmd(fn, M24, tactics=[gp.tactics.batch("x")]).plan(*args)
