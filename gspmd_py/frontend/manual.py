@@ -23,7 +23,7 @@ import re
 from typing import Any, Mapping, Optional, Sequence
 
 from .. import jax_compat as compat
-from ..errors import ShardingError, UnsupportedOpError
+from ..errors import AnnotationError, ShardingError, UnsupportedOpError
 
 Dims = tuple[tuple[str, ...], ...]
 
@@ -65,12 +65,45 @@ def check(params: Mapping[str, Any], mesh: Optional[Any], where: str) -> None:
                 f"{bad!r} is {got} in the shard_map and {size} in the gp.spmd mesh (a shard_map inside a gp.spmd "
                 f"function must use the same axis names and sizes, in the same order)")
     manual = manual_axes(params)
+    inner = _annotation_inside(body(params))
+    if inner is not None:
+        raise AnnotationError(
+            f"{label(where)}: {inner} inside it: the region's values are per-device blocks over its manual mesh "
+            f"axes {manual}, where a sharding means nothing (jax.jit refuses with_sharding_constraint there too); "
+            f"annotate the region's operands or results outside it")
     auto = tuple(n for n in names if n not in manual)
     if auto:
         raise UnsupportedOpError(
             f"{label(where)} is manual over {manual} only, leaving mesh axes {auto} to the compiler "
             f"(partial-auto shard_map): gspmd_py supports shard_map regions manual over every mesh axis "
             f"(drop axis_names=, or annotate the values outside the region over {auto})")
+
+
+def _annotation_inside(jaxpr) -> Optional[str]:
+    """The first gp.annotate / gp.mesh_split in ``jaxpr`` or a jaxpr nested in it (said with its
+    source line), or None."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "gspmd_annotate":
+            src = compat.source_summary(eqn.source_info)
+            return eqn.params.get("origin", "gp.annotate") + (f" at {src}" if src else "")
+        for sub in _subjaxprs(eqn.params.values()):
+            found = _annotation_inside(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def _subjaxprs(values):
+    """The jaxprs among equation parameters (scan / cond / while / call bodies, tuples of branches)."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    for v in values:
+        if isinstance(v, ClosedJaxpr):
+            yield v.jaxpr
+        elif isinstance(v, Jaxpr):
+            yield v
+        elif isinstance(v, (tuple, list)):
+            yield from _subjaxprs(v)
 
 
 _MISMATCH = re.compile(r"context mesh (\w*Mesh\(.*?\)) should match the mesh passed to\s+shard_map (\w*Mesh\(.*?\))",

@@ -56,6 +56,16 @@ def _():
     gp.spmd(lambda a: gp.annotate(a, s) + 1, M24).plan(X)
 
 
+@case("gp.annotate inside a jax.shard_map region", gp.AnnotationError, "jax.shard_map region at",
+      "gp.annotate at", "inside it", "per-device blocks over its manual mesh axes ('x', 'y')", "outside it")
+def _():
+    jm = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+    body = lambda b: jax.lax.cond(b.sum() > 0, lambda c: gp.annotate(c, P("x")) * 2, lambda c: c, b)  # noqa: E731
+    region = jax.shard_map(body, mesh=jm, in_specs=jax.sharding.PartitionSpec("x"),
+                           out_specs=jax.sharding.PartitionSpec("x"))
+    gp.spmd(region, M24).plan(X)  # was planned with the annotation silently dropped
+
+
 # -- values: gp.Sharding, plan lookups ---------------------------------------------------------------
 @case("gp.Sharding over None", gp.SpecError, "gp.Sharding needs a gp.Mesh", "got NoneType None")
 def _():
