@@ -385,15 +385,19 @@ def auto(*axes: str, hardware=None, memory_limit=None, time_budget_s: float = 30
 
     for a in axes:
         _check_axis_name(a, "gp.tactics.auto")
+    if len(set(axes)) != len(axes):
+        raise TacticError(f"gp.tactics.auto: axes {axes} name an axis twice")
     if hardware is not None and not isinstance(hardware, Hardware):
         raise TacticError(f"gp.tactics.auto: hardware must be a gp.Hardware, got {type(hardware).__name__}")
-    if memory_limit is not None and not (isinstance(memory_limit, (int, float)) and memory_limit > 0):
+    if memory_limit is not None and (isinstance(memory_limit, bool) or not (isinstance(memory_limit, (int, float))
+                                                                         and memory_limit > 0)):
         raise TacticError(f"gp.tactics.auto: memory_limit must be a positive number of bytes, got {memory_limit!r}")
     if not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):
         raise TacticError(f"gp.tactics.auto: time_budget_s must be positive, got {time_budget_s!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TacticError(f"gp.tactics.auto: seed must be an int, got {seed!r}")
-    if max_evaluations is not None and not (isinstance(max_evaluations, int) and max_evaluations > 0):
+    if max_evaluations is not None and (isinstance(max_evaluations, bool) or not (isinstance(max_evaluations, int)
+                                                                                and max_evaluations > 0)):
         raise TacticError(f"gp.tactics.auto: max_evaluations must be a positive int, got {max_evaluations!r}")
     return Auto(tuple(axes), hardware, memory_limit, float(time_budget_s), int(seed), max_evaluations)
 

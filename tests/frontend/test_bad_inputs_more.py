@@ -149,6 +149,21 @@ def _():
     gp.tactics.auto("x", seed=1.5)
 
 
+@case("auto_shard with memory_limit=True", gp.TacticError, "memory_limit must be a positive number", "True")
+def _():
+    gp.auto_shard(lambda a: a @ a, M24, X, memory_limit=True, max_evaluations=2)  # was a limit of 1 byte
+
+
+@case("tactics.auto with max_evaluations=True", gp.TacticError, "max_evaluations must be a positive int", "True")
+def _():
+    gp.tactics.auto(max_evaluations=True)
+
+
+@case("tactics.auto naming an axis twice", gp.TacticError, "axes ('x', 'x') name an axis twice")
+def _():
+    gp.tactics.auto("x", "x")
+
+
 # -- gp.pipeline ---------------------------------------------------------------------------------------
 @case("gp.pipeline with the params first", gp.ArgumentError, "gp.pipeline: stage_fn must be a function",
       "got an array of shape (2, 8, 8)", "gp.pipeline(stage_fn, stage_params, x")
