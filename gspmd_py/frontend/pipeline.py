@@ -152,6 +152,9 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: Optional[str] = 
     and R = L / S. ``gp.auto_shard`` prices such schedules against no pipeline and keeps the
     cheapest (``res.report()`` says which and why).
     """
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ArgumentError(f"gp.pipeline: x must be an array (the batch the layers run over), got "
+                            f"{type(x).__name__} {short_repr(x, 40)}")
     if not callable(stage_fn):
         got = (f"an array of shape {tuple(jnp.shape(stage_fn))}" if hasattr(stage_fn, "shape")
                else f"{type(stage_fn).__name__} {short_repr(stage_fn, 40)}")
@@ -163,7 +166,7 @@ def pipeline(stage_fn: Callable, stage_params: Any, x, *, axis: Optional[str] = 
                                 f"microbatches; an open pipeline (no schedule) takes its repeats from the schedule "
                                 f"decided for it (R = layers / stages): give axis and microbatches too, or neither")
         scope = _SCOPE.get()
-        n_layers = _layers(stage_params)
+        n_layers = _layers(stage_params, scheduled=False)
         if jnp.ndim(x) < 1:
             raise ArgumentError(f"gp.pipeline: x needs a leading batch dim, got shape {tuple(jnp.shape(x))}")
         decision = scope.decision if scope is not None else None
@@ -242,8 +245,9 @@ def _type_str(x) -> str:
     return f"{short_name(x.dtype)}{list(x.shape)}"
 
 
-def _layers(stage_params) -> int:
-    """The common leading (layer) dim of the stage_params leaves (ArgumentError otherwise)."""
+def _layers(stage_params, scheduled: bool = True) -> int:
+    """The common leading (layer) dim of the stage_params leaves (ArgumentError otherwise; 0
+    layers too where a schedule puts them on stages: the open pipeline's scan of none is x)."""
     leaves = jax.tree_util.tree_leaves(stage_params)
     if not leaves:
         raise ArgumentError("gp.pipeline: stage_params has no arrays (it needs one leaf per stacked layer weight)")
@@ -252,7 +256,11 @@ def _layers(stage_params) -> int:
         shapes = [tuple(jnp.shape(p)) for p in leaves]
         raise ArgumentError(f"gp.pipeline: every stage_params leaf needs the same leading (layer) dim; got shapes "
                             f"{shapes}")
-    return int(next(iter(layers)))
+    n = int(next(iter(layers)))
+    if n == 0 and scheduled:
+        raise ArgumentError(f"gp.pipeline: stage_params have 0 stacked layers (leaf shapes "
+                            f"{[tuple(jnp.shape(p)) for p in leaves][:4]}): a pipeline needs at least one layer")
+    return n
 
 
 def _decided_repeats(stage_params, x, d: Decision) -> int:

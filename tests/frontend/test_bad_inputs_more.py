@@ -172,6 +172,18 @@ def _():
     gp.spmd(lambda w, x: gp.pipeline(w, lambda p, h: h @ p, x, axis="x", microbatches=2), M24)(w, X)
 
 
+@case("gp.pipeline over a list", gp.ArgumentError, "gp.pipeline: x must be an array", "got list [1.0, 2.0]")
+def _():
+    gp.spmd(lambda w: gp.pipeline(lambda p, h: h @ p, w, [1.0, 2.0], axis="x", microbatches=2), M24)(
+        np.ones((2, 8, 8), np.float32))  # was "'list' object has no attribute 'shape'"
+
+
+@case("gp.pipeline with 0 stacked layers", gp.ArgumentError, "stage_params have 0 stacked layers", "(0, 8, 8)")
+def _():
+    gp.spmd(lambda w, x: gp.pipeline(lambda p, h: h @ p, w, x, axis="x", microbatches=2), M24)(
+        np.ones((0, 8, 8), np.float32), X)  # was lax's "slice_sizes must be less than or equal to operand shape"
+
+
 # -- gp.testing ----------------------------------------------------------------------------------------
 @case("assert_spmd_equivalent with an axis the mesh lacks", gp.SpecError, "in_shardings[0]", "float32[8, 8]",
       "unknown mesh axis 'z'")
