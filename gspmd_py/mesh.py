@@ -23,7 +23,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from .errors import MeshError, SpecError
+from .errors import MeshError, SpecError, short_repr
 from .launch_env import launcher_hint
 
 
@@ -120,6 +120,11 @@ class Mesh:
         """The gp.Mesh of a ``jax.sharding.Mesh``: its axis names and sizes, its devices in its
         order, its axis types (Auto or Explicit; a Manual axis belongs to a shard_map, where a
         gp.spmd program cannot run)."""
+        import jax
+
+        if not isinstance(mesh, jax.sharding.Mesh):
+            raise MeshError(f"gp.Mesh.from_jax needs a jax.sharding.Mesh (gp.Mesh.abstract for a mesh without "
+                            f"devices), got {type(mesh).__name__} {short_repr(mesh, 40)}")
         names, shape = tuple(mesh.axis_names), tuple(int(s) for s in mesh.devices.shape)
         types = tuple(str(getattr(t, "name", t)).lower() for t in getattr(mesh, "axis_types", ()) or ())
         if "manual" in types:

@@ -67,6 +67,11 @@ def _():
 
 
 # -- values: gp.Sharding, plan lookups ---------------------------------------------------------------
+@case("Mesh.from_jax of a shape", gp.MeshError, "gp.Mesh.from_jax needs a jax.sharding.Mesh", "got tuple (2, 4)")
+def _():
+    gp.Mesh.from_jax((2, 4))  # was "'tuple' object has no attribute 'axis_names'"
+
+
 @case("gp.Sharding over None", gp.SpecError, "gp.Sharding needs a gp.Mesh", "got NoneType None")
 def _():
     gp.Sharding(None, P("x"))
