@@ -166,7 +166,7 @@ def test_planning_pauses_the_cyclic_gc_and_restores_it():
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
-    gp.spmd(fn, MESH, tactics=[gp.tactics.batch("x")]).plan(S((8,), jnp.float32))
+    gp.spmd(fn, MESH, tactics=[gp.tactics.batch("x", argnums=0)]).plan(S((8,), jnp.float32))
     assert seen[-1] is True and gc.isenabled()
     gc.disable()
     try:
