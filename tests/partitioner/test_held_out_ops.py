@@ -31,3 +31,29 @@ def test_bitcast_to_and_from_narrower_dtype_keeps_its_shardings(mesh, m, n, data
     # (uneven outputs are gathered at the boundary: jax.Arrays must divide evenly)
     assert all(c.op == "boundary" for c in plan.collectives), plan.report()
     assert tuple(plan.sharding_of("u8").spec)[:2] == tuple(spec) + (None,) * (2 - len(spec))
+
+
+@examples(15)
+@given(mesh=meshes(), n=st.sampled_from([5, 13, 24]), dtype=st.sampled_from(["float32", "int32", "bfloat16"]),
+       kind=st.sampled_from(["max", "min"]), table=st.booleans(), data=st.data())
+def test_segment_max_min_over_sharded_rows_is_a_partial_max(mesh, n, dtype, kind, table, data):
+    """jax.ops.segment_max / segment_min (scatter-max / -min) with the data rows sharded: each
+    device scatters its own rows and the results are combined with one all-reduce (max / min),
+    as scatter-add's are summed; it used to gather the updates and indices whole. Uneven rows,
+    NaN, and (``table``) an operand sharded over its one-row dim too."""
+    table = table and len(mesh.axis_names) > 1  # the table over an axis the rows do not use
+    axes = mesh.axis_names[0] if table else data.draw(st.sampled_from([mesh.axis_names[0], tuple(mesh.axis_names)]))
+    rng = np.random.default_rng(n)
+    d = rand((n, 3), np.dtype(dtype) if dtype != "bfloat16" else jnp.bfloat16, seed=n)
+    if dtype != "int32":
+        d[1, 0] = np.nan
+    seg = rng.integers(0, 6, n).astype(np.int32)
+    segment = jax.ops.segment_max if kind == "max" else jax.ops.segment_min
+
+    def fn(d, s):
+        out = segment(d, s, num_segments=6)
+        return gp.annotate(out, P(mesh.axis_names[-1], None)) if table else out
+
+    plan = check(fn, mesh, (d, seg), in_specs=(P(axes, None), P(axes)))
+    moved = [c for c in plan.collectives if c.op != "boundary"]
+    assert moved and all(c.kind in ("all-reduce", "reduce-scatter") for c in moved), plan.report()
