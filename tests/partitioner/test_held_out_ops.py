@@ -57,3 +57,33 @@ def test_segment_max_min_over_sharded_rows_is_a_partial_max(mesh, n, dtype, kind
     plan = check(fn, mesh, (d, seg), in_specs=(P(axes, None), P(axes)))
     moved = [c for c in plan.collectives if c.op != "boundary"]
     assert moved and all(c.kind in ("all-reduce", "reduce-scatter") for c in moved), plan.report()
+
+
+def _newton_steps(row, target):
+    """Per-row data-dependent trip count: halve until under the target (at most 30 steps)."""
+    def body(c):
+        n, y = c
+        return n + 1, y * 0.5 + jnp.cumsum(row)[-1] * 0.0
+    return lax.while_loop(lambda c: (jnp.abs(c[1]).max() > target) & (c[0] < 30), body, (0, row))
+
+
+@examples(12)
+@given(mesh=meshes(), b=st.sampled_from([5, 8, 13]), nested=st.booleans(), data=st.data())
+def test_vmap_of_a_data_dependent_while_loop(mesh, b, nested, data):
+    """jax.vmap of a lax.while_loop whose condition depends on the mapped row: JAX keeps one
+    while with a batched predicate bool[b] (run while any row continues, finished rows kept by
+    a select). With the batch sharded (even or not) it used to crash in the loop handler
+    (IndexError resharding the predicate)."""
+    axes = data.draw(st.sampled_from([mesh.axis_names[0], tuple(mesh.axis_names)]))
+    x = rand((b, 3, 6)) * 40
+    t = np.abs(rand((b,), seed=1)) + 0.5
+
+    if nested:
+        def fn(x, t):
+            return jax.vmap(jax.vmap(_newton_steps, in_axes=(0, None)))(x, t)
+    else:
+        def fn(x, t):
+            return jax.vmap(_newton_steps)(x[:, 0], t)
+
+    spec = (P(axes, None, None), P(axes))
+    check(fn, mesh, (x, t), in_specs=spec)
