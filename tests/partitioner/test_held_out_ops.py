@@ -87,3 +87,21 @@ def test_vmap_of_a_data_dependent_while_loop(mesh, b, nested, data):
 
     spec = (P(axes, None, None), P(axes))
     check(fn, mesh, (x, t), in_specs=spec)
+
+
+@examples(10)
+@given(mesh=meshes(), shape=st.sampled_from([(1, 3, 4), (1, 8, 1), (1, 1, 5, 6), (2, 1, 8, 4)]),
+       inverse=st.booleans(), data=st.data())
+def test_fft_of_a_block_with_size_one_batch_dims(mesh, shape, inverse, data):
+    """jnp.fft.fft over the last dim of x[1,n,m] with n sharded: XLA's CPU compiler gave the
+    local [1,n/k,m] operand a layout that is not dim-0 major (the size-1 dim allows it) once the
+    result is gathered, and its FFT failed a RET_CHECK (as jax.jit with the same shardings
+    does); the handler drops size-1 batch dims around the FFT."""
+    axes = data.draw(st.sampled_from([mesh.axis_names[0], tuple(mesh.axis_names)]))
+    spec = P(*([None] * (len(shape) - 2) + [axes, None]))
+
+    def fn(x):
+        z = x.astype(jnp.complex64)
+        return jnp.fft.ifft(z, axis=-1) if inverse else jnp.fft.fft(z, axis=-1)
+
+    check(fn, mesh, (rand(shape),), in_specs=(spec,), rtol=1e-4, atol=1e-4)
