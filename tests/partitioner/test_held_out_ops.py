@@ -105,3 +105,19 @@ def test_fft_of_a_block_with_size_one_batch_dims(mesh, shape, inverse, data):
         return jnp.fft.ifft(z, axis=-1) if inverse else jnp.fft.fft(z, axis=-1)
 
     check(fn, mesh, (rand(shape),), in_specs=(spec,), rtol=1e-4, atol=1e-4)
+
+
+@examples(8)
+@given(mesh=meshes(), n=st.sampled_from([0, 3, 12]), data=st.data())
+def test_complex_sum_over_a_sharded_maybe_empty_dim(mesh, n, data):
+    """A complex sum over a sharded dim is partial and all-reduced; over an empty dim its local
+    value is a constant, and XLA's CPU compiler aborted the whole process on the all-reduce
+    of a complex constant ('Check failed: buffer != nullptr'). Reduced as float pairs."""
+    a, b = mesh.axis_names[0], mesh.axis_names[-1]
+    spec = P(b if a != b else None, a)
+
+    def fn(x):
+        z = lax.complex(x, -2 * x)
+        return jnp.sum(z * z, axis=1), jnp.mean(z, axis=1)
+
+    check(fn, mesh, (rand((6, n)),), in_specs=(spec,), rtol=1e-5, atol=1e-5)
