@@ -80,6 +80,11 @@ class _Entry:
                                     f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
             exe = self.executable()
             in_sh, out_sh = exe.staged_in_shardings(), tuple(s for s, _ in exe.staged_out_shardings())
+            # a zero-size input holds no data: left unspecified, as it travels (runtime/stages.py). A
+            # sharding there becomes its cotangent's out_sharding in jit's transpose, and JAX 0.10
+            # returns a zero-size output whole on each device under a split sharding (a jax.Array
+            # that cannot be read back)
+            in_sh = tuple(None if not v.size else s for s, v in zip(in_sh, plan.graph.inputs))
             jaxpr, params = self.jaxpr, self.params
             self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
                                    out_shardings=out_sh, donate_argnums=self.donate)

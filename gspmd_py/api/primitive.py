@@ -107,6 +107,11 @@ def _some(entries: Optional[Sequence]) -> Optional[tuple]:
 
 spmd_call_p = Primitive("spmd_call")
 spmd_call_p.multiple_results = True
+# Its arrays in and out are ordinary ones: a "hijax" primitive inside its jaxpr (jax >= 0.11:
+# jnp.searchsorted's, under jnp.interp) is expanded by gp.spmd's own tracer, so a trace that
+# lowers hijax primitives (jit's linearization under jax.grad, 0.12) keeps the call as it is
+# (Primitive.is_high would call it high for what its jaxpr holds, with no to_lojax to lower it).
+spmd_call_p.is_high = lambda *avals, **params: False
 
 
 def bind(args: Sequence[Any], jaxpr: ClosedJaxpr, spmd: SpmdParams) -> list:

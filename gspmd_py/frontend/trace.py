@@ -36,7 +36,7 @@ from .annotate import annotate_p, spec_entries
 from .constraints import CONSTRAINTS, as_annotation, put_layout, tracing_mesh
 from .. import dtypes, jax_compat as compat
 from ..errors import ShardingError
-from . import manual, shifts
+from . import batched_while, manual, shifts
 from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
 INLINE = compat.CALL_PRIMITIVES | {"spmd_call"}
@@ -204,14 +204,17 @@ class _Builder:
                 manual.check(eqn.params, self.mesh, src)
                 dims = manual.in_dims(eqn.params, [v.rank for v in ins])
                 ins = [self.annotate(v, d, ops, src, "/".join(scope)) for v, d in zip(ins, dims)]
+            params = dict(eqn.params)
+            if name == "while" and batched_while.is_batched(params):  # vmap of a data-dependent loop
+                params, ins = batched_while.scalar_predicate(params, ins)
             outs = [new_value(self.ids, v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-            op = Op(self.ids(), name, ins, outs, dict(eqn.params), eqn.primitive, source=src, scope="/".join(scope),
+            op = Op(self.ids(), name, ins, outs, params, eqn.primitive, source=src, scope="/".join(scope),
                     effects=bool(eqn.effects))
             for o in outs:
                 o.producer = op
             if name in REGION:
                 for key in REGION[name]:
-                    subs = eqn.params[key]
+                    subs = params[key]
                     for s in subs if isinstance(subs, (tuple, list)) else (subs,):
                         j, consts = _open(s)
                         op.regions.append(self.convert(j, consts, scope=scope, where=src))

@@ -66,9 +66,16 @@ def elementwise(op) -> OpRule:
     b = RuleBuilder()
     fs = b.factors(shape)
     for v in op.inputs:
-        # lax broadcasts size-1 operand dims implicitly: such a dim carries no factor
-        b.operand([f if n == m else None for f, n, m in zip(fs, v.shape, shape)] if v.rank == len(shape)
-                  else [None] * v.rank)
+        if v.rank == len(shape):
+            # lax broadcasts size-1 operand dims implicitly: such a dim carries no factor
+            b.operand([f if n == m else None for f, n, m in zip(fs, v.shape, shape)])
+        elif op.prim == "bitcast_convert_type":
+            # to a narrower dtype the result gains a minor dim (f32[m,n] -> u8[m,n,4]), to a
+            # wider one the operand loses it: the leading dims stay one factor each
+            k = min(v.rank, len(shape))
+            b.operand(list(fs[:k]) + [None] * (v.rank - k))
+        else:
+            b.operand([None] * v.rank)
     for _ in op.outputs:
         b.result(fs)
     return b.build(ELEMENTWISE)

@@ -98,6 +98,14 @@ def additive(op) -> bool:
     return op.prim.replace("_", "-") in ("scatter-add", "scatter-sub") and not is_bool(op.inputs[0].dtype)
 
 
+def idempotent(op) -> str:
+    """"max" / "min" for a scatter-max / -min of numbers (else ""): each device may scatter its
+    own updates into the whole operand and the results be combined with that op (the operand
+    itself, on every device, is combined with itself: max(a, a) = a)."""
+    kind = op.prim.replace("_", "-")
+    return kind[len("scatter-"):] if kind in ("scatter-max", "scatter-min") and not is_bool(op.inputs[0].dtype) else ""
+
+
 @register("scatter", "scatter-add", "scatter_add", "scatter-sub", "scatter_sub", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
           "scatter-max", "scatter_max", handler="scatter")
 def scatter(op) -> OpRule:
@@ -107,7 +115,8 @@ def scatter(op) -> OpRule:
     may stay sharded: each device scatters into the rows it holds, indices shifted by its
     offset (partitioner/scatter_handler.py; clip mode clamps the global indices first). A
     scatter-add's update rows (the index batch dims) are a sum reduction: each device adds
-    its own updates, the result partial over their axes."""
+    its own updates, the result partial over their axes; a scatter-max / -min's are a max / min
+    reduction the same way (jax.ops.segment_max over sharded rows)."""
     dn = op.params["dimension_numbers"]
     operand, indices, updates = op.inputs[0].shape, op.inputs[1].shape, op.inputs[2].shape
     b = RuleBuilder()
@@ -116,11 +125,12 @@ def scatter(op) -> OpRule:
     for d in one_row_dims(op):  # clip mode: the handler clamps the global indices first
         op_f[d] = b.factor(operand[d])
     idx_f: list = [None] * len(indices)
-    if additive(op):
+    combine = "sum" if additive(op) else idempotent(op)
+    if combine:
         upd_scatter = [d for d in range(len(updates)) if d not in dn.update_window_dims]
         for ud, idd in zip(upd_scatter, range(len(indices) - 1)):  # jax puts the index vector last
             if idd not in dn.scatter_indices_batching_dims:
-                upd_f[ud] = idx_f[idd] = b.factor(updates[ud], REDUCTION, "sum")
+                upd_f[ud] = idx_f[idd] = b.factor(updates[ud], REDUCTION, combine)
     window_src = [d for d in range(len(operand))
                   if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
     for ud, d in zip(dn.update_window_dims, window_src):

@@ -227,6 +227,11 @@ class Ctx:
         return out
 
     def all_reduce(self, x, axes: Sequence[str], kind: str = "sum"):
+        if kind == "sum" and jnp.iscomplexobj(x):
+            # as (real, imag) float pairs, one all-reduce of the same bytes: XLA's CPU compiler
+            # aborts the process on an all-reduce of a complex constant (a sum over an empty dim)
+            y = lax.psum(jnp.stack([jnp.real(x), jnp.imag(x)], -1), tuple(axes))
+            return lax.complex(y[..., 0], y[..., 1])
         fn = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[kind]
         return fn(x, tuple(axes))
 

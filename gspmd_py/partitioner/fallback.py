@@ -39,6 +39,22 @@ def batched(ctx: Ctx, op, rule, plan, args):
     when no batch dim is sharded but a tensor is (every device then solves every problem)."""
     if not plan.factors:
         say_if_sharded(ctx, op, "computed replicated (no batch dim carries the sharding)")
+    if op.prim == "fft":
+        return [ctx.pv(_fft(op, args[0].x), op.outputs[0].shape, plan.results[0])]
     outs = op.primitive.bind(*[a.x for a in args], **op.params)
     outs = list(outs) if op.primitive.multiple_results else [outs]
     return [ctx.pv(o, v.shape, t) for o, v, t in zip(outs, op.outputs, plan.results)]
+
+
+def _fft(op, x):
+    """The fft on its local block with the size-1 batch dims dropped around it: XLA's CPU layout
+    assignment may give a ``[1,n,m]`` operand a layout that is not dim-0 major (the size-1 dim
+    lets it) when the result is then gathered, and its FFT then fails a RET_CHECK (also under
+    jax.jit with the same shardings)."""
+    n = len(op.params["fft_lengths"])
+    lead = x.shape[:x.ndim - n]
+    kept = tuple(s for s in lead if s != 1)
+    if len(kept) == len(lead):
+        return op.primitive.bind(x, **op.params)
+    y = op.primitive.bind(x.reshape(kept + x.shape[len(lead):]), **op.params)
+    return y.reshape(lead + y.shape[len(kept):])

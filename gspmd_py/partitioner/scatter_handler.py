@@ -12,7 +12,8 @@ afterwards::
 
 A scatter-add's update rows sharded (a sum reduction factor, ops/gather.py): each device
 adds its own updates into its block, the operand joined on the first device of those axes,
-and the result is partial over them: an embedding gradient's data-parallel sum, reduced
+and the result is partial over them (a scatter-max / -min's: each device scatters its own
+updates into the whole operand, the result partial-max / -min): an embedding gradient's data-parallel sum, reduced
 (or reduce-scattered onto a sharded table gradient) once, where it is consumed. A clip-mode
 scatter clamps the global indices first, as lax does, then shifts them.
 
@@ -46,7 +47,8 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
     sharded = [d for d in one_row_dims(op) if plan.operands[0][d]]
     params = dict(op.params)
     partial = plan.partial
-    if partial is not None:  # each device adds its own updates: the operand joins on the first device
+    summed = partial is not None and partial.op == "sum"
+    if summed:  # each device adds its own updates: the operand joins on the first device
         acc = accumulate(v.dtype, "sum")
         x = join(ctx, x, partial, acc)
     if sharded and not dropping(op):  # clip: clamp the global starts first (as lax does), then shift
@@ -55,7 +57,8 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
     upd = args[2].x
     if partial is not None:
         rows = [d for d in range(args[2].rank) if d not in dn.update_window_dims]
-        upd = ctx.mask(args[2], rows, 0)  # padding rows of an uneven update dim add nothing
+        # padding rows of an uneven update dim add nothing (max / min: their identity)
+        upd = ctx.mask(args[2], rows, 0 if summed else dtypes.identity(partial.op, args[2].x.dtype))
     if sharded and additive(op):  # in place: updates of rows held elsewhere add the identity
         return [_add_own_rows(ctx, op, plan, x, idx, upd, sharded, partial, kind)]
     if sharded:
@@ -70,16 +73,17 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
             cols.append(i)
         idx = jnp.stack(cols, axis=-1)
         params["unique_indices"] = False  # several indices may now name the spare row
-    if partial is not None:
+    if summed:
         scat = lax.scatter_add if kind == "scatter-add" else lax.scatter_sub
         out = scat(x, idx, upd.astype(x.dtype), dn, indices_are_sorted=params["indices_are_sorted"],
                    unique_indices=params["unique_indices"], mode=params["mode"])
     else:
-        out = op.primitive.bind(x, idx, *[a.x for a in args[2:]], **params)
+        out = op.primitive.bind(x, idx, upd, *[a.x for a in args[3:]], **params)
     if sharded:
         out = lax.slice(out, (0,) * out.ndim, local)
     if partial is not None:
-        ctx.note(f"{op.prim}: each device adds its own updates (partial sums over {ctx.fine.label(partial.axes)})"
+        how = "adds its own updates (partial sums" if summed else f"scatters its own updates (partial {partial.op}"
+        ctx.note(f"{op.prim}: each device {how} over {ctx.fine.label(partial.axes)})"
                  + (", into the rows it holds" if sharded else ""))
     return [ctx.pv(out, v.shape, plan.results[0], partial, v.dtype)]
 

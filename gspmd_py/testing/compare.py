@@ -138,20 +138,27 @@ def diff(got, want, exactness: int, rtol: float, scale: float) -> tuple[str, Opt
     if g.size == 0:
         return "", None
     g, w = np.atleast_1d(g), np.atleast_1d(w)
-    if not dtypes.is_float(w.dtype) or exactness != INEXACT:
-        bad = ~_bits_equal(g, w, exactness == EXACT_UP_TO_ZERO_SIGN)
+    if np.iscomplexobj(w):  # as (real, imag) float pairs: NaN == NaN, tolerances per part
+        bad = _bad(np.stack([g.real, g.imag], -1), np.stack([w.real, w.imag], -1), exactness, rtol, scale).any(-1)
     else:
-        g64, w64 = g.astype(np.float64), w.astype(np.float64)
-        gn, wn = np.isnan(g64), np.isnan(w64)
-        fin = np.isfinite(g64) & np.isfinite(w64)
-        bad = (gn != wn) | (~fin & ~gn & ~wn & (g64 != w64))
-        with np.errstate(all="ignore"):
-            err = np.abs(g64 - w64) > rtol * (np.abs(w64) + scale)
-        bad |= fin & err
+        bad = _bad(g, w, exactness, rtol, scale)
     if not bad.any():
         return "", None
     i = tuple(int(v[0]) for v in np.nonzero(bad))
     return f"{int(bad.sum())} of {bad.size} elements differ, first at {list(i)}: got {g[i]!r}, want {w[i]!r}", i
+
+
+def _bad(g, w, exactness: int, rtol: float, scale: float):
+    """Elementwise: does ``g`` differ from ``w`` (real dtypes)?"""
+    if not dtypes.is_float(w.dtype) or exactness != INEXACT:
+        return ~_bits_equal(g, w, exactness == EXACT_UP_TO_ZERO_SIGN)
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    gn, wn = np.isnan(g64), np.isnan(w64)
+    fin = np.isfinite(g64) & np.isfinite(w64)
+    bad = (gn != wn) | (~fin & ~gn & ~wn & (g64 != w64))
+    with np.errstate(all="ignore"):
+        err = np.abs(g64 - w64) > rtol * (np.abs(w64) + scale)
+    return bad | (fin & err)
 
 
 def finite_scale(arrays) -> float:
@@ -159,8 +166,8 @@ def finite_scale(arrays) -> float:
     m = 1.0
     for a in arrays:
         a = np.asarray(a)
-        if a.size and dtypes.is_float(a.dtype):
-            a = np.abs(a.astype(np.float64))
+        if a.size and dtypes.is_inexact(a.dtype):  # complex: its magnitudes
+            a = np.abs(a).astype(np.float64)
             a = a[np.isfinite(a)]
             if a.size:
                 m = max(m, float(a.max()))

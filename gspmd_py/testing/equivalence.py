@@ -174,16 +174,16 @@ def compare_trees(got, want, closed_jaxpr, args, tol: Any = "auto", intermediate
     for i, (g, w) in enumerate(zip(gl, wl)):
         w = np.asarray(w)
         rtol = (compare.float_factor(analysis) * compare.eps(w.dtype) if tol == "auto" else float(tol)) \
-            if dtypes.is_float(w.dtype) else 0.0
+            if dtypes.is_inexact(w.dtype) else 0.0  # complex too: eps of its parts
         d, _ = compare.diff(g, w, analysis.exactness, rtol, scale)
-        if d and intermediates and analysis.exactness == compare.INEXACT and dtypes.is_float(w.dtype):
+        if d and intermediates and analysis.exactness == compare.INEXACT and dtypes.is_inexact(w.dtype):
             try:  # the magnitudes inside the computation bound a reordered sum's error too
                 inner = compare.intermediates(closed_jaxpr, jax.tree_util.tree_leaves(args))
                 d, _ = compare.diff(g, w, analysis.exactness, rtol, max(scale, compare.finite_scale(inner)))
             except Exception:  # noqa: BLE001 - the op-by-op evaluation is only a refinement
                 pass
         if d:
-            how = compare.EXACTNESS_NAMES[analysis.exactness if dtypes.is_float(w.dtype) else compare.EXACT]
+            how = compare.EXACTNESS_NAMES[analysis.exactness if dtypes.is_inexact(w.dtype) else compare.EXACT]
             tol_s = f", rtol {rtol:.3g} of |want| + {scale:.3g}" if how == "within tolerance" else ""
             problems.append(f"output {i} {dtypes.short_name(w.dtype)}{list(w.shape)} ({how}{tol_s}): {d}")
     return problems

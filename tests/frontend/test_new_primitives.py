@@ -190,3 +190,27 @@ def test_device_put_other_mesh_is_refused_clearly():
     fn = lambda a: jax.device_put(a, NamedSharding(other, PS("z"))) * 2
     with pytest.raises(gp.ShardingError, match="jax.device_put"):
         gp.spmd(fn, mesh_of(1)).plan(S((8, 8), jnp.float32))
+
+
+_HIJAX_FNS = {  # jax >= 0.11 emits jnp.searchsorted (under jnp.interp, expm's scaling) as a hijax primitive
+    "interp": lambda x: jnp.interp(x, jnp.linspace(-2.0, 2.0, 9), jnp.sin(jnp.linspace(-2.0, 2.0, 9))),
+    "expm": lambda x: jax.scipy.linalg.expm(0.1 * x[:4, :4]),
+    "searchsorted": lambda x: jnp.searchsorted(jnp.linspace(-2.0, 2.0, 7), x).astype(x.dtype) * x,
+}
+
+
+@examples(6)
+@given(mesh=meshes(), fn=st.sampled_from(sorted(_HIJAX_FNS)), data=st.data())
+def test_grad_of_a_function_holding_a_hijax_primitive(mesh, fn, data):
+    """jax.grad of a gp.spmd function whose jaxpr holds a hijax primitive: jit's linearization
+    lowers hijax primitives (jax 0.12) and took spmd_call for one (its jaxpr holds one) with no
+    to_lojax rule (NotImplementedError); the call is an ordinary primitive."""
+    f = _HIJAX_FNS[fn]
+    x = rand((8, 6))
+    spec = data.draw(spec_for(mesh, 2))
+    g = gp.spmd(f, mesh, in_shardings=(spec,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gp.PartitionWarning)
+        got = jax.grad(lambda x: g(x).sum())(x)
+    want = jax.grad(lambda x: f(x).sum())(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)

@@ -122,3 +122,18 @@ def test_abstract_mesh_plans_and_lowers():
     assert "all_reduce" in text
     assert "tensor<16x512xf32>" in text  # x's local shard: 1024/64 rows
     assert "tensor<512x32xf32>" in text  # w1's local shard: 4096/128 columns
+
+
+@examples(10)
+@given(mesh=meshes(), n=st.sampled_from([3, 5, 8]), data=st.data())
+def test_grad_of_a_zero_size_sharded_input_reads_back(mesh, n, data):
+    """jax.grad w.r.t. a zero-size input whose dim is sharded: jit's transpose gives the
+    cotangent the staged call's in_sharding as out_sharding, and JAX 0.10 returned a zero-size
+    output whole on every device under that split sharding (np.asarray of the gradient raised
+    'could not broadcast (8,0) into (1,0)'). Zero-size inputs are staged unspecified."""
+    axes = data.draw(st.sampled_from([mesh.axis_names[0], tuple(mesh.axis_names)]))
+    x = np.zeros((n, 0), np.float32)
+    f = gp.spmd(lambda a: jnp.cumsum(jnp.sin(a), axis=1), mesh, in_shardings=(P(axes, None),))
+    g = jax.grad(lambda a: f(a).sum())(x)
+    assert np.asarray(g).shape == (n, 0)
+    assert np.asarray(jax.jit(jax.grad(lambda a: f(a).sum()))(x)).shape == (n, 0)

@@ -59,3 +59,14 @@ def sort_topk_cumsum(x):
 
 def test_sort_top_k_cumsum_with_special_values():
     gpt.assert_spmd_equivalent(sort_topk_cumsum, f32(13, 6), max_examples=6)
+
+
+def test_complex_outputs_nan_and_rounding():
+    """Complex results compared as their (real, imag) float parts: a NaN equals a NaN and a
+    reordered complex sum is within tolerance (they were compared with ==: every NaN of an FFT
+    of special values, and any rounding of a sharded complex reduction, was reported)."""
+    def fn(x):
+        z = lax.complex(x, -x)
+        return jnp.fft.fft(x), jnp.sum(z * z * jnp.float32(1.1), axis=1), jnp.cumsum(z, axis=0)
+
+    gpt.assert_spmd_equivalent(fn, f32(8, 16), max_examples=12, seed=0)
