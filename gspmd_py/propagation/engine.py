@@ -23,6 +23,7 @@ Worked example (XLA's sharding_propagation_test, partial shardings merge): add(a
 """
 from __future__ import annotations
 
+import heapq
 from typing import Optional, Sequence
 
 import attrs
@@ -82,6 +83,9 @@ class _Memo:
         # (op signature, keys, forward) -> what a visit writes (``Propagation._plan``), and
         # op index -> its signature: rule number and which of its tensors are the same value
         self.applied: dict[tuple, tuple] = {}
+        # (op index, id of an ``applied`` plan) -> that plan bound to the op's values:
+        # ((value id, dim, DimState) per write, (value id, key) per changed value)
+        self.bound: dict[tuple[int, int], tuple] = {}
         sig_ids: dict[tuple, int] = {}
         self.op_sig: list[int] = []
         self.tensor_ids: list[tuple] = [tuple(v.id for v in op_tensors(op)) for op in ops]  # per op index
@@ -150,11 +154,15 @@ class Propagation:
         # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
         # are all open has nothing to offer, so a fresh run starts with every op clean
         self._dirty = [False] * len(self.ops)
-        self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
+        self._levels: dict = {}  # "ops" -> per op index: (level, forward level) (per graph, shared)
         self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
         # value id -> its interned key (_Memo.intern), op index -> its tensors' keys, while unchanged
         self._ts, self._opk = self._open_keys()
         self._forward_done = [True] * len(self.ops)
+        # op indices that may want a visit (dirty, or a forward pass owed), and the ops the
+        # current visit made dirty (_fixed_point's heap takes those ahead of it)
+        self._want: set[int] = set()
+        self._woke: list[int] = []
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
     def _open_keys(self) -> tuple[dict, dict]:
@@ -180,6 +188,7 @@ class Propagation:
         fresh._ts, fresh._opk = fresh._open_keys()
         fresh._dirty = [False] * len(self.ops)
         fresh._forward_done = [True] * len(self.ops)
+        fresh._want, fresh._woke = set(), []
         fresh._touched = None
         return fresh
 
@@ -199,6 +208,7 @@ class Propagation:
         ext._opk = dict(self._opk)
         ext._dirty = [False] * len(self.ops)
         ext._forward_done = [True] * len(self.ops)
+        ext._want, ext._woke = set(), []
         ext._touched = set()
         ext._propagate(seeds)
         ext._record(sorted({i for vid in ext._touched for i in self._near.get(vid, ())}))
@@ -244,46 +254,54 @@ class Propagation:
         self._ts.pop(vid, None)
         if self._touched is not None:
             self._touched.add(vid)
-        opk = self._opk
+        opk, want, woke = self._opk, self._want, self._woke
         for i in self._near.get(vid, ()):
             self._dirty[i] = True
             self._forward_done[i] = False
             opk.pop(i, None)
+            want.add(i)
+            woke.append(i)
 
-    def _wants(self, i: int, level: int) -> bool:
-        rule = self.rules[self.ops[i].id]
-        if rule.level > level:
-            return False
-        if self._dirty[i]:
-            return True
-        return rule.forward_level is not None and level >= rule.forward_level and not self._forward_done[i]
-
-    def _at_level(self, level: int) -> list[tuple[int, Optional[int]]]:
-        """(op index, forward level) of the ops that speak at ``level``, in program order
-        (computed once per graph and level)."""
-        got = self._levels.get(level)
+    def _op_levels(self) -> tuple[list[int], list[Optional[int]]]:
+        """Per op index: its rule's level and forward level (once per graph)."""
+        got = self._levels.get("ops")
         if got is None:
             rules = [self.rules[op.id] for op in self.ops]
-            got = self._levels[level] = [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+            got = self._levels["ops"] = ([r.level for r in rules], [r.forward_level for r in rules])
         return got
 
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
-        looked at (level 0: the elementwise ones), each by what ``_wants`` says, inlined:
-        a sweep passes every op, and most of them have nothing to do. A visit (``_visit``) is
-        inlined too up to its memoised projection: most visits end there (nothing to offer)."""
+        looked at (level 0: the elementwise ones), and of those only the ones that may want a
+        visit (``_want``: dirty, or a forward pass still owed), taken in program order (a
+        forward sweep) or its reverse from a heap: an op woken by a visit joins the sweep when
+        it lies ahead, and waits for the next sweep when it lies behind, as a sweep over every
+        op in order would find it. A visit is inlined up to its memoised projection: most
+        visits end there (nothing to offer)."""
         any_change = False
-        ops = self._at_level(level)
+        lv, fls = self._op_levels()
+        want, woke = self._want, self._woke
         dirty, done = self._dirty, self._forward_done
         opk, memo = self._opk, self._memo
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
-        applied, op_sig = memo.applied, memo.op_sig
+        applied, op_sig, bound = memo.applied, memo.op_sig, memo.bound
         ts_get, tids = self._ts.get, memo.tensor_ids
         slow = self._slow if self.fast else range(len(all_ops))
+        pop, push = heapq.heappop, heapq.heappush
         while True:
             changed = False
-            for order in (ops, reversed(ops)):
-                for i, fl in order:
+            for sign in (1, -1):  # forward (ascending indices), then backward (negated)
+                heap = [sign * i for i in want if lv[i] <= level]
+                heapq.heapify(heap)
+                woke.clear()
+                last = None
+                while heap:
+                    k = pop(heap)
+                    if k == last:
+                        continue
+                    last = k
+                    i = sign * k
+                    fl = fls[i]
                     if not (dirty[i] or (fl is not None and level >= fl and not done[i])):
                         continue
                     forward = fl is None or level >= fl
@@ -299,36 +317,34 @@ class Propagation:
                     got = memo_project.get((rule_no[op.id], kids), _UNSEEN)
                     if got is _UNSEEN:
                         got = memo.project(self.mesh, op.id, rules[op.id], kids)
-                    if got is None:
-                        continue  # (most visits: no axes, or what the tensors already hold)
-                    if i in slow:
-                        changed_values = self._apply_projected(op, rules[op.id], forward, got)
-                    else:
-                        mk = (op_sig[i], kids, forward)
-                        plan = applied.get(mk)
-                        if plan is None:
-                            plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids)
-                        if self._apply_plan(op, plan):
-                            changed = True
-                        continue
-                    for vid in changed_values:
-                        self._touch(vid)
-                    if changed_values:
-                        changed = True
+                    if got is not None:
+                        if i in slow:
+                            changed_values = self._apply_projected(op, rules[op.id], forward, got)
+                            for vid in changed_values:
+                                self._touch(vid)
+                            if changed_values:
+                                changed = True
+                        else:
+                            mk = (op_sig[i], kids, forward)
+                            plan = applied.get(mk)
+                            if plan is None:
+                                plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids)
+                            bk = (i, id(plan))
+                            b = bound.get(bk)
+                            if b is None:
+                                b = bound[bk] = self._bind(op, plan)
+                            if self._apply_plan(b):
+                                changed = True
+                        if woke:  # the ops this visit made dirty: ahead of it, they join this sweep
+                            for j in woke:
+                                if lv[j] <= level and sign * j > k:
+                                    push(heap, sign * j)
+                            woke.clear()
+                    if done[i] and not dirty[i]:
+                        want.discard(i)
             any_change |= changed
             if not changed:
                 return any_change
-
-    def _visit(self, i: int, level: int) -> bool:
-        op = self.ops[i]
-        rule = self.rules[op.id]
-        forward = rule.forward_level is None or level >= rule.forward_level
-        self._dirty[i] = False
-        self._forward_done[i] = forward
-        changed_values = self._apply(op, rule, forward, i)
-        for vid in changed_values:
-            self._touch(vid)
-        return bool(changed_values)
 
     # -- one op -------------------------------------------------------------
     def tensor_states(self, op: Op) -> list[TensorState]:
@@ -431,26 +447,38 @@ class Propagation:
         intern = self._memo.intern
         return tuple(writes), tuple((r, intern((tuple(cur[r][0]), tuple(cur[r][1]), tensors[r].size))) for r in changed)
 
-    def _apply_plan(self, op: Op, plan: tuple) -> bool:
-        """Write a memoised ``_plan`` (what ``_apply_projected`` would write) and touch the
-        changed values, whose keys the plan knows (so ``_kids`` need not intern them again)."""
+    def _bind(self, op: Op, plan: tuple) -> tuple:
+        """A memoised ``_plan`` bound to ``op``'s values: ((value id, dim, its new DimState) per
+        write, (value id, its new key) per changed value); memoised per (op, plan), since the
+        DimStates name the op (DimState is frozen: one object serves every run)."""
         writes, changed = plan
         tensors = self.tensors[op.id]
+        return (tuple((tensors[t].id, d, DimState(new, prio, False, (op.id, tensors[src_t].id)))
+                      for t, d, new, prio, src_t in writes),
+                tuple((tensors[t].id, key) for t, key in changed))
+
+    def _apply_plan(self, bound: tuple) -> bool:
+        """Write a memoised ``_plan`` bound to its op (``_bind``: what ``_apply_projected``
+        would write) and touch the changed values, whose keys the plan knows (so ``_kids``
+        need not intern them again)."""
+        writes, changed = bound
         state = self.state
-        for t, d, new, prio, src_t in writes:
-            st = state.get(tensors[t].id)
+        for vid, d, ds in writes:
+            st = state.get(vid)
             if st is None:
-                st = self._dim_states(tensors[t].id)
-            st[d] = DimState(new, prio, False, (op.id, tensors[src_t].id))
+                st = self._dim_states(vid)
+            st[d] = ds
         ts, near, dirty, done, opk = self._ts, self._near, self._dirty, self._forward_done, self._opk
-        for t, key in changed:  # (_touch, inlined)
-            vid = tensors[t].id
+        want, woke = self._want, self._woke
+        for vid, key in changed:  # (_touch, inlined)
             if self._touched is not None:
                 self._touched.add(vid)
             for i in near.get(vid, ()):
                 dirty[i] = True
                 done[i] = False
                 opk.pop(i, None)
+                want.add(i)
+                woke.append(i)
             ts[vid] = key
         return bool(changed)
 

@@ -191,3 +191,52 @@ def test_spliced_combine_equals_the_retrace(name, fn, shapes, mesh_shape, names)
             (b.step_s, b.peak_memory_bytes, b.comm_bytes, b.collectives)
         merged += any(e.key.startswith("combined") for e in fast.index.entries)
     assert merged > 0  # some candidates merged collectives (the splice ran)
+
+
+class _FullSweep(Propagation):
+    """engine.py's sweep before the worklist: every op of the level looked at, in program
+    order then reversed, each visit through ``_apply_projected``."""
+
+    def _fixed_point(self, level):
+        ops = [(i, self.rules[op.id].forward_level) for i, op in enumerate(self.ops) if self.rules[op.id].level <= level]
+        any_change = False
+        while True:
+            changed = False
+            for order in (ops, ops[::-1]):
+                for i, fl in order:
+                    if not (self._dirty[i] or (fl is not None and level >= fl and not self._forward_done[i])):
+                        continue
+                    forward = fl is None or level >= fl
+                    self._dirty[i], self._forward_done[i] = False, forward
+                    op = self.ops[i]
+                    got = self._memo.project(self.mesh, op.id, self.rules[op.id], self._kids(op))
+                    if got is None:
+                        continue
+                    touched = self._apply_projected(op, self.rules[op.id], forward, got)
+                    for vid in touched:
+                        self._touch(vid)
+                    changed |= bool(touched)
+            any_change |= changed
+            if not changed:
+                return any_change
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", PLAN_PROGRAMS, ids=[r[0] for r in PLAN_PROGRAMS])
+def test_worklist_sweep_visits_as_the_full_sweep(name, fn, shapes, mesh_shape, names):
+    """engine.py ``_fixed_point`` takes only the ops that may want a visit, from a heap: every
+    dim state (priority and provenance included), projection and origin equals the sweep that
+    looks at every op of the level in order (a visit's order decides priorities and sources)."""
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    template = Propagation(graph, mesh, [])
+    inner = [v for v in graph.all_values() if v.rank == 2 and not v.is_const][:6]
+    sets = _seed_sets(graph, mesh) + [[Seed(v, ((mesh.ref(names[0]),), None), 1, "t")] for v in inner
+                                      if v.shape[0] % mesh.axis_size(names[0]) == 0]
+    for seeds in sets:
+        heap = template.with_seeds(seeds).run()
+        full = template.with_seeds(seeds)
+        full.__class__ = _FullSweep
+        full.run()
+        assert _all_states(heap, graph) == _all_states(full, graph)
+        assert heap.projections == full.projections and heap.origin == full.origin
+
