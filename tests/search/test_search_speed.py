@@ -240,3 +240,34 @@ def test_worklist_sweep_visits_as_the_full_sweep(name, fn, shapes, mesh_shape, n
         assert _all_states(heap, graph) == _all_states(full, graph)
         assert heap.projections == full.projections and heap.origin == full.origin
 
+
+def _terms(tables, prop):
+    """Per term of one candidate: (seconds, bytes, the latency its group charges) (what the
+    sums add, whatever the order rows and groups were made in)."""
+    import numpy as np
+
+    idx = tables.indices(prop)
+    groups = tables.groups[idx]
+    alpha = np.append(tables.alpha, np.nan)[groups]  # (index -1, no group: nan)
+    return [tuple(x) for x in np.concatenate([tables.table[idx], alpha], axis=1)]
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", MERGING, ids=[r[0] for r in MERGING])
+def test_tables_memoised_op_rows_equal_fresh_tables(name, fn, shapes, mesh_shape, names):
+    """tables.py ``indices``: an op's rows memoised on (projection, its values' keys) across
+    candidates give every term the row that tables with nothing memoised give it, in either
+    order of the candidates (an operand resharded twice to one target paid once)."""
+    from gspmd_py.search.tables import CostTables
+
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    hw = gp.Hardware.preset("h100-node")
+    template = Propagation(graph, mesh, [])
+    props = [template.with_seeds(s).run() for s in _seed_sets(graph, mesh)]
+    fresh = [_terms(CostTables(graph, mesh, hw), p) for p in props]
+    shared = CostTables(graph, mesh, hw)
+    for order in (range(len(props)), reversed(range(len(props)))):
+        for i in order:
+            assert str(_terms(shared, props[i])) == str(fresh[i])  # (str: nan == nan)
+    assert len(shared._block_rows) > len(shared._block_layout())  # (candidates met other rows)
+
