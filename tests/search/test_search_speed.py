@@ -271,3 +271,58 @@ def test_tables_memoised_op_rows_equal_fresh_tables(name, fn, shapes, mesh_shape
             assert str(_terms(shared, props[i])) == str(fresh[i])  # (str: nan == nan)
     assert len(shared._block_rows) > len(shared._block_layout())  # (candidates met other rows)
 
+
+def test_class_memoised_decisions_equal_the_state_loop():
+    """decide.py: a state's decisions as the union of its classes' memoised answers equal the
+    one loop over the state's actions (the point classes share no value)."""
+    from gspmd_py.search.context import Leaf, TacticContext
+    from gspmd_py.search.decide import Decider
+    from gspmd_py.search.points import point_classes
+
+    name, fn, shapes, mesh_shape, names = next(r for r in REFERENCE if r[0] == "block_grad")
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    ctx = TacticContext(graph, mesh, [Leaf(i, "", f"arg{i}") for i in range(len(graph.inputs))], [])
+    classes = point_classes(ctx)
+    by_class, one_loop = Decider(ctx, classes, names, True), Decider(ctx, classes, names, True)
+    assert by_class._disjoint
+    one_loop._disjoint = False
+    acts = [(c, d, a) for c, pc in enumerate(classes) for d in range(len(pc.shape)) for a in names]
+    states = [(a,) for a in acts] + list(itertools.combinations(acts, 2)) + list(itertools.combinations(acts, 3))[:400]
+    legal = 0
+    for st in states:
+        st = by_class.canon(st)
+        got, want = by_class.decisions(st), one_loop.decisions(st)
+        assert got == want and (got is None or list(got) == list(want))
+        legal += got is not None
+    assert 0 < legal < len(states)
+
+
+def test_search_runs_with_young_collections_only():
+    """collector.py: the search turns the automatic collector off, collects the young
+    generations before each program it builds, and turns the collector back on; a
+    collector the caller turned off stays off and is never run."""
+    import gc
+
+    from gspmd_py.search import collector
+
+    calls = []
+    real = collector._young
+    collector._young = lambda: (calls.append(gc.isenabled()), real())
+    try:
+        name, fn, shapes, mesh_shape, names = REFERENCE[0]
+        mesh = gp.Mesh.abstract(mesh_shape, names)
+        args = [S(s, jnp.float32) for s in shapes]
+        assert gc.isenabled()
+        res = gp.auto_shard(fn, mesh, *args, hardware=gp.Hardware.preset("h100-node"))
+        assert gc.isenabled()
+        assert len(calls) == res.search.programs > 1 and not any(calls)
+        calls.clear()
+        gc.disable()
+        try:
+            gp.auto_shard(fn, mesh, *args, hardware=gp.Hardware.preset("h100-node"), seed=1)
+            assert not gc.isenabled() and calls == []
+        finally:
+            gc.enable()
+    finally:
+        collector._young = real
