@@ -94,6 +94,7 @@ class _Memo:
             alias = tuple(first.setdefault(v.id, t) for t, v in enumerate(op_tensors(op)))
             self.op_sig.append(sig_ids.setdefault((self.rule_no[op.id], alias), len(sig_ids)))
         self.open: Optional[tuple[dict, dict]] = None  # (value id -> key, op index -> keys) with every dim open
+        self.seeded: dict[tuple, DimState] = {}  # (axes, priority) -> a seed's closed DimState (frozen: shared)
 
     def intern(self, key: tuple) -> int:
         k = self._ids.get(key)
@@ -163,6 +164,7 @@ class Propagation:
         # current visit made dirty (_fixed_point's heap takes those ahead of it)
         self._want: set[int] = set()
         self._woke: list[int] = []
+        self._cmask: dict[int, tuple] = {}  # op index -> its tensors' closed dims (_closed_mask)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
     def _open_keys(self) -> tuple[dict, dict]:
@@ -188,7 +190,7 @@ class Propagation:
         fresh._ts, fresh._opk = fresh._open_keys()
         fresh._dirty = [False] * len(self.ops)
         fresh._forward_done = [True] * len(self.ops)
-        fresh._want, fresh._woke = set(), []
+        fresh._want, fresh._woke, fresh._cmask = set(), [], {}
         fresh._touched = None
         return fresh
 
@@ -208,7 +210,7 @@ class Propagation:
         ext._opk = dict(self._opk)
         ext._dirty = [False] * len(self.ops)
         ext._forward_done = [True] * len(self.ops)
-        ext._want, ext._woke = set(), []
+        ext._want, ext._woke, ext._cmask = set(), [], {}
         ext._touched = set()
         ext._propagate(seeds)
         ext._record(sorted({i for vid in ext._touched for i in self._near.get(vid, ())}))
@@ -221,8 +223,8 @@ class Propagation:
         return self
 
     def _propagate(self, seeds: Sequence[Seed]) -> None:
-        # the ops next to a seeded value (the only values with closed dims): visited by
-        # _apply_projected itself, every other op by its memoised plan (_plan)
+        # the ops next to a seeded value (the only values with closed dims): their memoised
+        # plans are keyed by which dims are closed too (_closed_mask)
         self._slow = {i for s in self.seeds for i in self._near.get(s.value.id, ())}
         for p in sorted({s.priority for s in seeds} | {0}):
             for s in seeds:
@@ -235,12 +237,33 @@ class Propagation:
 
     def _seed(self, s: Seed) -> None:
         st = self._dim_states(s.value.id)
+        made = self._memo.seeded
         for d, axes in enumerate(s.dims):
             if axes is None:
                 continue
-            st[d] = DimState(tuple(axes), s.priority, True, None)
+            key = (tuple(axes), s.priority)
+            ds = made.get(key)
+            if ds is None:
+                ds = made[key] = DimState(key[0], s.priority, True, None)
+            st[d] = ds
         self.origin[s.value.id] = s.origin
+        for i in self._near.get(s.value.id, ()):
+            self._cmask.pop(i, None)
         self._touch(s.value.id)
+
+    def _closed_mask(self, i: int) -> tuple:
+        """Per tensor of the op at index ``i``: its closed dims (a tuple of bools), or None when
+        none is; only seeds close dims, so it is kept until a seed touches one of them."""
+        got = self._cmask.get(i)
+        if got is None:
+            state = self.state
+            out = []
+            for v in self.tensors[self.ops[i].id]:
+                st = state.get(v.id)
+                m = tuple(x.closed for x in st) if st is not None else None
+                out.append(m if m is not None and any(m) else None)
+            got = self._cmask[i] = tuple(out)
+        return got
 
     def _dim_states(self, vid: int) -> list[DimState]:
         """The value's per-dim states, made (all open) when first asked: a run made by
@@ -286,7 +309,7 @@ class Propagation:
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
         applied, op_sig, bound = memo.applied, memo.op_sig, memo.bound
         ts_get, tids = self._ts.get, memo.tensor_ids
-        slow = self._slow if self.fast else range(len(all_ops))
+        slow, fast = self._slow, self.fast
         pop, push = heapq.heappop, heapq.heappush
         while True:
             changed = False
@@ -318,17 +341,18 @@ class Propagation:
                     if got is _UNSEEN:
                         got = memo.project(self.mesh, op.id, rules[op.id], kids)
                     if got is not None:
-                        if i in slow:
+                        if not fast:
                             changed_values = self._apply_projected(op, rules[op.id], forward, got)
                             for vid in changed_values:
                                 self._touch(vid)
                             if changed_values:
                                 changed = True
                         else:
-                            mk = (op_sig[i], kids, forward)
+                            cm = self._closed_mask(i) if i in slow else None
+                            mk = (op_sig[i], kids, forward, cm)
                             plan = applied.get(mk)
                             if plan is None:
-                                plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids)
+                                plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids, cm)
                             bk = (i, id(plan))
                             b = bound.get(bk)
                             if b is None:
@@ -406,13 +430,15 @@ class Propagation:
                     changed.append(v.id)
         return changed
 
-    def _plan(self, op: Op, rule: OpRule, forward: bool, got: tuple, kids: tuple) -> tuple:
-        """What ``_apply_projected`` writes at a visit of ``op`` whose tensors hold ``kids``
-        (none of them closed): ((tensor, dim, axes, priority, source tensor) per dim written,
-        (tensor, its new interned key) per tensor whose value changed). A function of (the op's signature, ``kids``, ``forward``)
-        only (the keys hold every dim's axes and priority; the signature, the rule and which
-        tensors are one value), so it is memoised on them across ops and runs: the 24 layers
-        of a model meet the same keys again and again."""
+    def _plan(self, op: Op, rule: OpRule, forward: bool, got: tuple, kids: tuple, closed: Optional[tuple]) -> tuple:
+        """What ``_apply_projected`` writes at a visit of ``op`` whose tensors hold ``kids``, with
+        ``closed`` the closed dims per tensor (``_closed_mask``; None: none is, as for every op
+        not next to a seed): ((tensor, dim, axes, priority, source tensor) per dim written,
+        (tensor, its new interned key) per tensor whose value changed). A function of (the op's
+        signature, ``kids``, ``forward``, ``closed``) only (the keys hold every dim's axes and
+        priority; the signature, the rule and which tensors are one value; a closed dim is never
+        written), so it is memoised on them across ops and runs: the 24 layers of a model meet
+        the same keys again and again."""
         keys = self._memo.keys
         tensors = self.tensors[op.id]
         final, source, projected = got
@@ -428,9 +454,10 @@ class Propagation:
             if n_in <= t < n_in + len(op.outputs) and not forward:
                 continue
             axs, prs = cur[rep[t]]
+            shut = closed[rep[t]] if closed is not None else None
             for d, fs in enumerate(dims):
                 new = projected[t][d]
-                if not new or new == axs[d] or not fs:
+                if not new or new == axs[d] or not fs or (shut is not None and shut[d]):
                     continue
                 if rule.factors[fs[0]].kind == NEED_REPLICATION and not rule.factors[fs[0]].carried:
                     continue
