@@ -546,7 +546,16 @@ def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_lim
     from ..cost import Hardware
 
     hw = hardware or Hardware.preset("h100-node")
+    with young_only() as collect:  # (collector.py: full collections walk the search's tables)
+        return _search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations, collect)
+
+
+def _search(ctx: TacticContext, axes: Sequence[str], hw, memory_limit, time_budget_s: float, seed: int, who: str,
+            screen: Optional[bool], max_evaluations: int, collect) -> SearchResult:
+    """``search``'s body: its tables are garbage once this returns (before the collector is back
+    on: collector.py)."""
     s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
+    s.pricer.collect = collect
     try:
         states = baseline_states(ctx, s.classes, tuple(axes)) if axes else []  # no axis: no hand plan
     except Exception as e:  # noqa: BLE001 - the hand plans are starting points: search from nothing
@@ -554,9 +563,4 @@ def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_lim
         states = [("replicated", ())]
     baselines = [(name, s.canon(st)) for name, st in states]
     baselines = [(n, st) for n, st in baselines if s.decisions(st) is not None]
-    with young_only() as collect:  # (collector.py: full collections walk the search's tables)
-        s.pricer.collect = collect
-        try:
-            return s.run(baselines)
-        finally:
-            s.pricer.collect = None
+    return s.run(baselines)
