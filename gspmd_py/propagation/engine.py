@@ -79,7 +79,7 @@ class _Memo:
         numbers: dict[int, int] = {}  # id(rule) -> its number (the rules dict keeps them alive)
         self.rule_no = {op.id: numbers.setdefault(id(rules[op.id]), len(numbers)) for op in ops}
         self._project: dict[tuple, Optional[tuple]] = {}
-        self._record: dict[tuple, Projection] = {}
+        self.recorded: dict[tuple, Projection] = {}  # (rule number, keys) -> ``record``'s answer
         # (op signature, keys, forward) -> what a visit writes (``Propagation._plan``), and
         # op index -> its signature: rule number and which of its tensors are the same value
         self.applied: dict[tuple, tuple] = {}
@@ -93,7 +93,7 @@ class _Memo:
             first: dict[int, int] = {}
             alias = tuple(first.setdefault(v.id, t) for t, v in enumerate(op_tensors(op)))
             self.op_sig.append(sig_ids.setdefault((self.rule_no[op.id], alias), len(sig_ids)))
-        self.open: Optional[tuple[dict, dict]] = None  # (value id -> key, op index -> keys) with every dim open
+        self.open: Optional[dict] = None  # value id -> its key with every dim open
         self.seeded: dict[tuple, DimState] = {}  # (axes, priority) -> a seed's closed DimState (frozen: shared)
 
     def intern(self, key: tuple) -> int:
@@ -122,9 +122,9 @@ class _Memo:
 
     def record(self, mesh: Mesh, op_id: int, rule: OpRule, kids: tuple) -> Projection:
         mk = (self.rule_no[op_id], kids)
-        got = self._record.get(mk)
+        got = self.recorded.get(mk)
         if got is None:
-            got = self._record[mk] = record_key(mesh, rule, tuple(self.keys[k] for k in kids))
+            got = self.recorded[mk] = record_key(mesh, rule, tuple(self.keys[k] for k in kids))
         return got
 
 
@@ -154,27 +154,26 @@ class Propagation:
                     lst.append(i)
         # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
         # are all open has nothing to offer, so a fresh run starts with every op clean
-        self._dirty = [False] * len(self.ops)
         self._levels: dict = {}  # "ops" -> per op index: (level, forward level) (per graph, shared)
         self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
-        # value id -> its interned key (_Memo.intern), op index -> its tensors' keys, while unchanged
-        self._ts, self._opk = self._open_keys()
-        self._forward_done = [True] * len(self.ops)
-        # op indices that may want a visit (dirty, or a forward pass owed), and the ops the
-        # current visit made dirty (_fixed_point's heap takes those ahead of it)
-        self._want: set[int] = set()
+        # value id -> its interned key (_Memo.intern), while unchanged
+        self._ts = self._open_keys()
+        # op indices: dirty (a tensor changed since its last visit), owed a forward pass (a
+        # tensor changed since its last forward visit), and the ops the current visit made
+        # dirty (_fixed_point's heap takes those ahead of it)
+        self._dirty: set[int] = set()
+        self._owed: set[int] = set()
         self._woke: list[int] = []
         self._cmask: dict[int, tuple] = {}  # op index -> its tensors' closed dims (_closed_mask)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
-    def _open_keys(self) -> tuple[dict, dict]:
-        """Fresh copies of the key caches of a run's start (every dim open), made once per graph."""
+    def _open_keys(self) -> dict:
+        """A fresh copy of the key cache of a run's start (every dim open), made once per graph."""
         m = self._memo
         if m.open is None:
-            ts = {vid: m.intern((((),) * len(v.shape), (INF,) * len(v.shape), v.size))
-                  for vid, v in self.values.items()}
-            m.open = ts, {i: tuple(ts[v.id] for v in self.tensors[op.id]) for i, op in enumerate(self.ops)}
-        return dict(m.open[0]), dict(m.open[1])
+            m.open = {vid: m.intern((((),) * len(v.shape), (INF,) * len(v.shape), v.size))
+                      for vid, v in self.values.items()}
+        return dict(m.open)
 
     def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
         """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
@@ -187,10 +186,8 @@ class Propagation:
         fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
         fresh.state = {}  # (a value's dims are made when first written: _dim_states)
         fresh.origin, fresh.projections = {}, {}
-        fresh._ts, fresh._opk = fresh._open_keys()
-        fresh._dirty = [False] * len(self.ops)
-        fresh._forward_done = [True] * len(self.ops)
-        fresh._want, fresh._woke, fresh._cmask = set(), [], {}
+        fresh._ts = fresh._open_keys()
+        fresh._dirty, fresh._owed, fresh._woke, fresh._cmask = set(), set(), [], {}
         fresh._touched = None
         return fresh
 
@@ -207,10 +204,7 @@ class Propagation:
         ext._memo = self._memo
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
-        ext._opk = dict(self._opk)
-        ext._dirty = [False] * len(self.ops)
-        ext._forward_done = [True] * len(self.ops)
-        ext._want, ext._woke, ext._cmask = set(), [], {}
+        ext._dirty, ext._owed, ext._woke, ext._cmask = set(), set(), [], {}
         ext._touched = set()
         ext._propagate(seeds)
         ext._record(sorted({i for vid in ext._touched for i in self._near.get(vid, ())}))
@@ -277,13 +271,10 @@ class Propagation:
         self._ts.pop(vid, None)
         if self._touched is not None:
             self._touched.add(vid)
-        opk, want, woke = self._opk, self._want, self._woke
-        for i in self._near.get(vid, ()):
-            self._dirty[i] = True
-            self._forward_done[i] = False
-            opk.pop(i, None)
-            want.add(i)
-            woke.append(i)
+        near = self._near.get(vid, ())
+        self._dirty.update(near)
+        self._owed.update(near)
+        self._woke.extend(near)
 
     def _op_levels(self) -> tuple[list[int], list[Optional[int]]]:
         """Per op index: its rule's level and forward level (once per graph)."""
@@ -296,16 +287,14 @@ class Propagation:
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
         looked at (level 0: the elementwise ones), and of those only the ones that may want a
-        visit (``_want``: dirty, or a forward pass still owed), taken in program order (a
+        visit (dirty, or owed a forward pass), taken in program order (a
         forward sweep) or its reverse from a heap: an op woken by a visit joins the sweep when
         it lies ahead, and waits for the next sweep when it lies behind, as a sweep over every
         op in order would find it. A visit is inlined up to its memoised projection: most
         visits end there (nothing to offer)."""
         any_change = False
         lv, fls = self._op_levels()
-        want, woke = self._want, self._woke
-        dirty, done = self._dirty, self._forward_done
-        opk, memo = self._opk, self._memo
+        woke, dirty, owed, memo = self._woke, self._dirty, self._owed, self._memo
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
         applied, op_sig, bound = memo.applied, memo.op_sig, memo.bound
         ts_get, tids = self._ts.get, memo.tensor_ids
@@ -314,7 +303,7 @@ class Propagation:
         while True:
             changed = False
             for sign in (1, -1):  # forward (ascending indices), then backward (negated)
-                heap = [sign * i for i in want if lv[i] <= level]
+                heap = [sign * i for i in dirty | owed if lv[i] <= level]
                 heapq.heapify(heap)
                 woke.clear()
                 last = None
@@ -325,18 +314,18 @@ class Propagation:
                     last = k
                     i = sign * k
                     fl = fls[i]
-                    if not (dirty[i] or (fl is not None and level >= fl and not done[i])):
+                    if not (i in dirty or (fl is not None and level >= fl and i in owed)):
                         continue
                     forward = fl is None or level >= fl
-                    dirty[i] = False
-                    done[i] = forward
-                    kids = opk.get(i)
-                    if kids is None:
-                        kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
-                        if None in kids:
-                            kids = self._kids(all_ops[i])
-                        opk[i] = kids
+                    dirty.discard(i)
+                    if forward:
+                        owed.discard(i)
+                    else:
+                        owed.add(i)
                     op = all_ops[i]
+                    kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
+                    if None in kids:
+                        kids = self._kids(op)
                     got = memo_project.get((rule_no[op.id], kids), _UNSEEN)
                     if got is _UNSEEN:
                         got = memo.project(self.mesh, op.id, rules[op.id], kids)
@@ -364,8 +353,6 @@ class Propagation:
                                 if lv[j] <= level and sign * j > k:
                                     push(heap, sign * j)
                             woke.clear()
-                    if done[i] and not dirty[i]:
-                        want.discard(i)
             any_change |= changed
             if not changed:
                 return any_change
@@ -374,13 +361,6 @@ class Propagation:
     def tensor_states(self, op: Op) -> list[TensorState]:
         keys = self._memo.keys
         return [TensorState(*keys[k], v.id) for v, k in zip(self.tensors[op.id], self._kids(op))]
-
-    def _op_kids(self, i: int) -> tuple:
-        """``_kids`` of the op at index ``i``, cached while none of its tensors changes."""
-        got = self._opk.get(i)
-        if got is None:
-            got = self._opk[i] = self._kids(self.ops[i])
-        return got
 
     def _kids(self, op: Op) -> tuple:
         """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
@@ -395,12 +375,6 @@ class Propagation:
                     st = state[v.id]
                     out[t] = cache[v.id] = intern((tuple([s.axes for s in st]), tuple([s.prio for s in st]), v.size))
         return tuple(out)
-
-    def _apply(self, op: Op, rule: OpRule, forward: bool, i: int) -> list[int]:
-        got = self._memo.project(self.mesh, op.id, rule, self._op_kids(i))
-        if got is None:
-            return []  # (most visits: no axes, or the projection is what the tensors already hold)
-        return self._apply_projected(op, rule, forward, got)
 
     def _apply_projected(self, op: Op, rule: OpRule, forward: bool, got: tuple) -> list[int]:
         """The tensors' dims take what the op's projection ``got`` (``_Memo.project``) offers."""
@@ -476,46 +450,51 @@ class Propagation:
 
     def _bind(self, op: Op, plan: tuple) -> tuple:
         """A memoised ``_plan`` bound to ``op``'s values: ((value id, dim, its new DimState) per
-        write, (value id, its new key) per changed value); memoised per (op, plan), since the
-        DimStates name the op (DimState is frozen: one object serves every run)."""
+        write, (value id, its new key) per changed value, the indices of the ops next to the
+        changed values); memoised per (op, plan), since the DimStates name the op (DimState is
+        frozen: one object serves every run)."""
         writes, changed = plan
         tensors = self.tensors[op.id]
+        near = self._near
         return (tuple((tensors[t].id, d, DimState(new, prio, False, (op.id, tensors[src_t].id)))
                       for t, d, new, prio, src_t in writes),
-                tuple((tensors[t].id, key) for t, key in changed))
+                tuple((tensors[t].id, key) for t, key in changed),
+                tuple(i for t, _ in changed for i in near.get(tensors[t].id, ())))
 
     def _apply_plan(self, bound: tuple) -> bool:
         """Write a memoised ``_plan`` bound to its op (``_bind``: what ``_apply_projected``
         would write) and touch the changed values, whose keys the plan knows (so ``_kids``
         need not intern them again)."""
-        writes, changed = bound
+        writes, changed, near = bound
         state = self.state
         for vid, d, ds in writes:
             st = state.get(vid)
             if st is None:
                 st = self._dim_states(vid)
             st[d] = ds
-        ts, near, dirty, done, opk = self._ts, self._near, self._dirty, self._forward_done, self._opk
-        want, woke = self._want, self._woke
-        for vid, key in changed:  # (_touch, inlined)
-            if self._touched is not None:
-                self._touched.add(vid)
-            for i in near.get(vid, ()):
-                dirty[i] = True
-                done[i] = False
-                opk.pop(i, None)
-                want.add(i)
-                woke.append(i)
+        if not changed:
+            return False
+        ts = self._ts
+        for vid, key in changed:  # (_touch, at once)
             ts[vid] = key
-        return bool(changed)
+        if self._touched is not None:
+            self._touched.update(vid for vid, _ in changed)
+        self._dirty.update(near)
+        self._owed.update(near)
+        self._woke.extend(near)
+        return True
 
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
         mesh, rules, projections, memo = self.mesh, self.rules, self.projections, self._memo
-        ops = self.ops
+        ops, ts_get, tids, recorded, rule_no = self.ops, self._ts.get, memo.tensor_ids, memo.recorded, memo.rule_no
         for i in (range(len(ops)) if which is None else which):
             op = ops[i]
-            projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._op_kids(i))
+            kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
+            if None in kids:
+                kids = self._kids(op)
+            got = recorded.get((rule_no[op.id], kids))
+            projections[op.id] = got if got is not None else memo.record(mesh, op.id, rules[op.id], kids)
 
     # -- results ------------------------------------------------------------
     @property

@@ -204,10 +204,11 @@ class _FullSweep(Propagation):
             changed = False
             for order in (ops, ops[::-1]):
                 for i, fl in order:
-                    if not (self._dirty[i] or (fl is not None and level >= fl and not self._forward_done[i])):
+                    if not (i in self._dirty or (fl is not None and level >= fl and i in self._owed)):
                         continue
                     forward = fl is None or level >= fl
-                    self._dirty[i], self._forward_done[i] = False, forward
+                    self._dirty.discard(i)
+                    (self._owed.discard if forward else self._owed.add)(i)
                     op = self.ops[i]
                     got = self._memo.project(self.mesh, op.id, self.rules[op.id], self._kids(op))
                     if got is None:
