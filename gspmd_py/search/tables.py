@@ -321,8 +321,8 @@ class CostTables:
         return self._price_steps(self._steps(shape, rdims, vdims, tuple(axes)), itemsize, grouped, REDUCTIONS)
 
     def _block_layout(self) -> list[tuple]:
-        """The terms grouped by op (each op's terms are consecutive): (first term, end, the op,
-        the values its terms read) per op."""
+        """The terms grouped by op (each op's terms are consecutive): (first term, end, the op's
+        id, the ids of the values its terms read, those values) per op."""
         if self._blocks is None:
             blocks: list[tuple] = []
             for t, lay in enumerate(self._layout):
@@ -332,7 +332,7 @@ class CostTables:
                 b[1] = t + 1
                 if lay[0] != "op" and lay[3] not in b[3]:
                     b[3].append(lay[3])
-            self._blocks = [(a, e, op, tuple(vs)) for a, e, op, vs in blocks]
+            self._blocks = [(a, e, op.id, tuple(v.id for v in vs), tuple(vs)) for a, e, op, vs in blocks]
         return self._blocks
 
     def indices(self, prop: Propagation) -> np.ndarray:
@@ -345,9 +345,9 @@ class CostTables:
         projs, ts_get, dims_of = prop.projections, prop.value_keys.get, prop.dims_of
         memo = self._block_rows
         seen: set = set()
-        for b, (start, end, op, vals) in enumerate(self._block_layout()):
-            proj = projs[op.id]
-            vk = tuple([ts_get(v.id) for v in vals])
+        for b, (start, end, op_id, vids, vals) in enumerate(self._block_layout()):
+            proj = projs[op_id]
+            vk = tuple(map(ts_get, vids))
             if None in vk:
                 vk = tuple(k if k is not None else dims_of(v) for k, v in zip(vk, vals))
             key = (b, id(proj), vk)
@@ -355,11 +355,12 @@ class CostTables:
             if got is None or got[0] is not proj:
                 got = memo[key] = (proj,) + self._op_block(prop, start, end, proj)
             out.extend(got[1])
-            for t, vid, dst in got[2]:
-                if (vid, dst) in seen:
-                    out[t] = 0
-                else:
-                    seen.add((vid, dst))
+            if got[2]:
+                for t, vid, dst in got[2]:
+                    if (vid, dst) in seen:
+                        out[t] = 0
+                    else:
+                        seen.add((vid, dst))
         return np.asarray(out, np.int64)
 
     def _op_block(self, prop: Propagation, start: int, end: int, proj) -> tuple[list[int], tuple]:
