@@ -270,9 +270,10 @@ def gc_paused() -> Iterator[None]:
     plan, none of it reclaiming much. Reference counting still frees acyclic garbage at once;
     the cycles made meanwhile are collected once the collector is back on. Nested plans (a
     gp.spmd inside another) leave it to the outermost; a collector the caller turned off stays
-    off. The sharding search (tactics) is not paused: it traces a program per candidate for up
-    to its time budget, and that garbage must not pile up (``Spmd._entry`` pauses only plans
-    without tactics; ``plan_jaxpr`` pauses after the seed pass, where the search runs)."""
+    off. The sharding search (tactics) is not paused here: it traces a program per candidate,
+    and that garbage must not pile up (``Spmd._entry`` pauses only plans without tactics;
+    ``plan_jaxpr`` pauses after the seed pass, where the search runs); the search itself runs
+    with young collections only, one per program it builds (search/collector.py)."""
     if not gc.isenabled():
         yield
         return

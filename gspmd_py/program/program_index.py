@@ -173,7 +173,7 @@ class ProgramIndex:
         entries: list[EqnIndex] = []
         bodies: dict = {}
         root = _Sub(program.jaxpr, "", None, program)
-        _walk(root, (), (), None, ((), "boundary", "boundary"), fine, label, entries, bodies)
+        _walk(root, (), (), None, ((), "boundary", "boundary"), fine, label, entries, bodies, {})
         return cls(program, tuple(entries), bodies)
 
 
@@ -201,13 +201,19 @@ def _subs(eqn) -> list[_Sub]:
 
 
 def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tuple, fine: FineMesh, label,
-          out: list, bodies: dict) -> None:
+          out: list, bodies: dict, stacks: dict) -> None:
+    """``stacks``: id of a name stack -> its text, for this build (an op's equations share
+    one name stack object; the jaxpr keeps them alive while it is walked)."""
     jaxpr = sub.jaxpr
     known: dict = {}  # scalar constants of this jaxpr (literals and arithmetic on them): while trip counts
     producer: dict = {}  # var -> position of the equation producing it
     mine: list[EqnIndex] = []
     for i, eqn in enumerate(jaxpr.eqns):
-        ids, key, text = _scope_of(str(eqn.source_info.name_stack), outer, label)
+        ns = eqn.source_info.name_stack
+        st = stacks.get(id(ns))
+        if st is None:
+            st = stacks[id(ns)] = str(ns)
+        ids, key, text = _scope_of(st, outer, label)
         facts = facts_of(eqn.primitive.name)
         subs = _subs(eqn)
         colls = (_record(eqn, facts, ids, text, bool(loops), fine),) if facts.collective else ()
@@ -219,7 +225,7 @@ def _walk(sub: _Sub, path: Path, loops: tuple, loop: Optional[Trips], outer: tup
         mine.append(entry)
         for k, j in enumerate(subs):
             _walk(j, path + (i, k), loops + inner[k], inner[k][0] if inner[k] else None, (ids, key, text), fine,
-                  label, out, bodies)
+                  label, out, bodies, stacks)
         if not facts.collective and not subs and not _free(eqn, facts):
             _fold_const(eqn, known)
         for v in eqn.outvars:

@@ -23,6 +23,7 @@ Worked example (XLA's sharding_propagation_test, partial shardings merge): add(a
 """
 from __future__ import annotations
 
+import heapq
 from typing import Optional, Sequence
 
 import attrs
@@ -78,10 +79,13 @@ class _Memo:
         numbers: dict[int, int] = {}  # id(rule) -> its number (the rules dict keeps them alive)
         self.rule_no = {op.id: numbers.setdefault(id(rules[op.id]), len(numbers)) for op in ops}
         self._project: dict[tuple, Optional[tuple]] = {}
-        self._record: dict[tuple, Projection] = {}
+        self.recorded: dict[tuple, Projection] = {}  # (rule number, keys) -> ``record``'s answer
         # (op signature, keys, forward) -> what a visit writes (``Propagation._plan``), and
         # op index -> its signature: rule number and which of its tensors are the same value
         self.applied: dict[tuple, tuple] = {}
+        # (op index, id of an ``applied`` plan) -> that plan bound to the op's values:
+        # ((value id, dim, DimState) per write, (value id, key) per changed value)
+        self.bound: dict[tuple[int, int], tuple] = {}
         sig_ids: dict[tuple, int] = {}
         self.op_sig: list[int] = []
         self.tensor_ids: list[tuple] = [tuple(v.id for v in op_tensors(op)) for op in ops]  # per op index
@@ -89,7 +93,8 @@ class _Memo:
             first: dict[int, int] = {}
             alias = tuple(first.setdefault(v.id, t) for t, v in enumerate(op_tensors(op)))
             self.op_sig.append(sig_ids.setdefault((self.rule_no[op.id], alias), len(sig_ids)))
-        self.open: Optional[tuple[dict, dict]] = None  # (value id -> key, op index -> keys) with every dim open
+        self.open: Optional[dict] = None  # value id -> its key with every dim open
+        self.seeded: dict[tuple, DimState] = {}  # (axes, priority) -> a seed's closed DimState (frozen: shared)
 
     def intern(self, key: tuple) -> int:
         k = self._ids.get(key)
@@ -117,9 +122,9 @@ class _Memo:
 
     def record(self, mesh: Mesh, op_id: int, rule: OpRule, kids: tuple) -> Projection:
         mk = (self.rule_no[op_id], kids)
-        got = self._record.get(mk)
+        got = self.recorded.get(mk)
         if got is None:
-            got = self._record[mk] = record_key(mesh, rule, tuple(self.keys[k] for k in kids))
+            got = self.recorded[mk] = record_key(mesh, rule, tuple(self.keys[k] for k in kids))
         return got
 
 
@@ -149,22 +154,26 @@ class Propagation:
                     lst.append(i)
         # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
         # are all open has nothing to offer, so a fresh run starts with every op clean
-        self._dirty = [False] * len(self.ops)
-        self._levels: dict[int, list] = {}  # level -> _at_level's list (per graph, shared)
+        self._levels: dict = {}  # "ops" -> per op index: (level, forward level) (per graph, shared)
         self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
-        # value id -> its interned key (_Memo.intern), op index -> its tensors' keys, while unchanged
-        self._ts, self._opk = self._open_keys()
-        self._forward_done = [True] * len(self.ops)
+        # value id -> its interned key (_Memo.intern), while unchanged
+        self._ts = self._open_keys()
+        # op indices: dirty (a tensor changed since its last visit), owed a forward pass (a
+        # tensor changed since its last forward visit), and the ops the current visit made
+        # dirty (_fixed_point's heap takes those ahead of it)
+        self._dirty: set[int] = set()
+        self._owed: set[int] = set()
+        self._woke: list[int] = []
+        self._cmask: dict[int, tuple] = {}  # op index -> its tensors' closed dims (_closed_mask)
         self._touched: Optional[set] = None  # value ids changed (extend: what to re-record)
 
-    def _open_keys(self) -> tuple[dict, dict]:
-        """Fresh copies of the key caches of a run's start (every dim open), made once per graph."""
+    def _open_keys(self) -> dict:
+        """A fresh copy of the key cache of a run's start (every dim open), made once per graph."""
         m = self._memo
         if m.open is None:
-            ts = {vid: m.intern((((),) * len(v.shape), (INF,) * len(v.shape), v.size))
-                  for vid, v in self.values.items()}
-            m.open = ts, {i: tuple(ts[v.id] for v in self.tensors[op.id]) for i, op in enumerate(self.ops)}
-        return dict(m.open[0]), dict(m.open[1])
+            m.open = {vid: m.intern((((),) * len(v.shape), (INF,) * len(v.shape), v.size))
+                      for vid, v in self.values.items()}
+        return dict(m.open)
 
     def with_seeds(self, seeds: Sequence[Seed]) -> "Propagation":
         """A fresh Propagation of this one's graph from ``seeds``, sharing its per-graph tables
@@ -177,9 +186,8 @@ class Propagation:
         fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
         fresh.state = {}  # (a value's dims are made when first written: _dim_states)
         fresh.origin, fresh.projections = {}, {}
-        fresh._ts, fresh._opk = fresh._open_keys()
-        fresh._dirty = [False] * len(self.ops)
-        fresh._forward_done = [True] * len(self.ops)
+        fresh._ts = fresh._open_keys()
+        fresh._dirty, fresh._owed, fresh._woke, fresh._cmask = set(), set(), [], {}
         fresh._touched = None
         return fresh
 
@@ -196,9 +204,7 @@ class Propagation:
         ext._memo = self._memo
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
-        ext._opk = dict(self._opk)
-        ext._dirty = [False] * len(self.ops)
-        ext._forward_done = [True] * len(self.ops)
+        ext._dirty, ext._owed, ext._woke, ext._cmask = set(), set(), [], {}
         ext._touched = set()
         ext._propagate(seeds)
         ext._record(sorted({i for vid in ext._touched for i in self._near.get(vid, ())}))
@@ -211,8 +217,8 @@ class Propagation:
         return self
 
     def _propagate(self, seeds: Sequence[Seed]) -> None:
-        # the ops next to a seeded value (the only values with closed dims): visited by
-        # _apply_projected itself, every other op by its memoised plan (_plan)
+        # the ops next to a seeded value (the only values with closed dims): their memoised
+        # plans are keyed by which dims are closed too (_closed_mask)
         self._slow = {i for s in self.seeds for i in self._near.get(s.value.id, ())}
         for p in sorted({s.priority for s in seeds} | {0}):
             for s in seeds:
@@ -225,12 +231,33 @@ class Propagation:
 
     def _seed(self, s: Seed) -> None:
         st = self._dim_states(s.value.id)
+        made = self._memo.seeded
         for d, axes in enumerate(s.dims):
             if axes is None:
                 continue
-            st[d] = DimState(tuple(axes), s.priority, True, None)
+            key = (tuple(axes), s.priority)
+            ds = made.get(key)
+            if ds is None:
+                ds = made[key] = DimState(key[0], s.priority, True, None)
+            st[d] = ds
         self.origin[s.value.id] = s.origin
+        for i in self._near.get(s.value.id, ()):
+            self._cmask.pop(i, None)
         self._touch(s.value.id)
+
+    def _closed_mask(self, i: int) -> tuple:
+        """Per tensor of the op at index ``i``: its closed dims (a tuple of bools), or None when
+        none is; only seeds close dims, so it is kept until a seed touches one of them."""
+        got = self._cmask.get(i)
+        if got is None:
+            state = self.state
+            out = []
+            for v in self.tensors[self.ops[i].id]:
+                st = state.get(v.id)
+                m = tuple(x.closed for x in st) if st is not None else None
+                out.append(m if m is not None and any(m) else None)
+            got = self._cmask[i] = tuple(out)
+        return got
 
     def _dim_states(self, vid: int) -> list[DimState]:
         """The value's per-dim states, made (all open) when first asked: a run made by
@@ -244,103 +271,96 @@ class Propagation:
         self._ts.pop(vid, None)
         if self._touched is not None:
             self._touched.add(vid)
-        opk = self._opk
-        for i in self._near.get(vid, ()):
-            self._dirty[i] = True
-            self._forward_done[i] = False
-            opk.pop(i, None)
+        near = self._near.get(vid, ())
+        self._dirty.update(near)
+        self._owed.update(near)
+        self._woke.extend(near)
 
-    def _wants(self, i: int, level: int) -> bool:
-        rule = self.rules[self.ops[i].id]
-        if rule.level > level:
-            return False
-        if self._dirty[i]:
-            return True
-        return rule.forward_level is not None and level >= rule.forward_level and not self._forward_done[i]
-
-    def _at_level(self, level: int) -> list[tuple[int, Optional[int]]]:
-        """(op index, forward level) of the ops that speak at ``level``, in program order
-        (computed once per graph and level)."""
-        got = self._levels.get(level)
+    def _op_levels(self) -> tuple[list[int], list[Optional[int]]]:
+        """Per op index: its rule's level and forward level (once per graph)."""
+        got = self._levels.get("ops")
         if got is None:
             rules = [self.rules[op.id] for op in self.ops]
-            got = self._levels[level] = [(i, r.forward_level) for i, r in enumerate(rules) if r.level <= level]
+            got = self._levels["ops"] = ([r.level for r in rules], [r.forward_level for r in rules])
         return got
 
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
-        looked at (level 0: the elementwise ones), each by what ``_wants`` says, inlined:
-        a sweep passes every op, and most of them have nothing to do. A visit (``_visit``) is
-        inlined too up to its memoised projection: most visits end there (nothing to offer)."""
+        looked at (level 0: the elementwise ones), and of those only the ones that may want a
+        visit (dirty, or owed a forward pass), taken in program order (a
+        forward sweep) or its reverse from a heap: an op woken by a visit joins the sweep when
+        it lies ahead, and waits for the next sweep when it lies behind, as a sweep over every
+        op in order would find it. A visit is inlined up to its memoised projection: most
+        visits end there (nothing to offer)."""
         any_change = False
-        ops = self._at_level(level)
-        dirty, done = self._dirty, self._forward_done
-        opk, memo = self._opk, self._memo
+        lv, fls = self._op_levels()
+        woke, dirty, owed, memo = self._woke, self._dirty, self._owed, self._memo
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
-        applied, op_sig = memo.applied, memo.op_sig
+        applied, op_sig, bound = memo.applied, memo.op_sig, memo.bound
         ts_get, tids = self._ts.get, memo.tensor_ids
-        slow = self._slow if self.fast else range(len(all_ops))
+        slow, fast = self._slow, self.fast
+        pop, push = heapq.heappop, heapq.heappush
         while True:
             changed = False
-            for order in (ops, reversed(ops)):
-                for i, fl in order:
-                    if not (dirty[i] or (fl is not None and level >= fl and not done[i])):
+            for sign in (1, -1):  # forward (ascending indices), then backward (negated)
+                heap = [sign * i for i in dirty | owed if lv[i] <= level]
+                heapq.heapify(heap)
+                woke.clear()
+                last = None
+                while heap:
+                    k = pop(heap)
+                    if k == last:
+                        continue
+                    last = k
+                    i = sign * k
+                    fl = fls[i]
+                    if not (i in dirty or (fl is not None and level >= fl and i in owed)):
                         continue
                     forward = fl is None or level >= fl
-                    dirty[i] = False
-                    done[i] = forward
-                    kids = opk.get(i)
-                    if kids is None:
-                        kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
-                        if None in kids:
-                            kids = self._kids(all_ops[i])
-                        opk[i] = kids
+                    dirty.discard(i)
+                    if forward:
+                        owed.discard(i)
+                    else:
+                        owed.add(i)
                     op = all_ops[i]
+                    kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
+                    if None in kids:
+                        kids = self._kids(op)
                     got = memo_project.get((rule_no[op.id], kids), _UNSEEN)
                     if got is _UNSEEN:
                         got = memo.project(self.mesh, op.id, rules[op.id], kids)
-                    if got is None:
-                        continue  # (most visits: no axes, or what the tensors already hold)
-                    if i in slow:
-                        changed_values = self._apply_projected(op, rules[op.id], forward, got)
-                    else:
-                        mk = (op_sig[i], kids, forward)
-                        plan = applied.get(mk)
-                        if plan is None:
-                            plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids)
-                        if self._apply_plan(op, plan):
-                            changed = True
-                        continue
-                    for vid in changed_values:
-                        self._touch(vid)
-                    if changed_values:
-                        changed = True
+                    if got is not None:
+                        if not fast:
+                            changed_values = self._apply_projected(op, rules[op.id], forward, got)
+                            for vid in changed_values:
+                                self._touch(vid)
+                            if changed_values:
+                                changed = True
+                        else:
+                            cm = self._closed_mask(i) if i in slow else None
+                            mk = (op_sig[i], kids, forward, cm)
+                            plan = applied.get(mk)
+                            if plan is None:
+                                plan = applied[mk] = self._plan(op, rules[op.id], forward, got, kids, cm)
+                            bk = (i, id(plan))
+                            b = bound.get(bk)
+                            if b is None:
+                                b = bound[bk] = self._bind(op, plan)
+                            if self._apply_plan(b):
+                                changed = True
+                        if woke:  # the ops this visit made dirty: ahead of it, they join this sweep
+                            for j in woke:
+                                if lv[j] <= level and sign * j > k:
+                                    push(heap, sign * j)
+                            woke.clear()
             any_change |= changed
             if not changed:
                 return any_change
-
-    def _visit(self, i: int, level: int) -> bool:
-        op = self.ops[i]
-        rule = self.rules[op.id]
-        forward = rule.forward_level is None or level >= rule.forward_level
-        self._dirty[i] = False
-        self._forward_done[i] = forward
-        changed_values = self._apply(op, rule, forward, i)
-        for vid in changed_values:
-            self._touch(vid)
-        return bool(changed_values)
 
     # -- one op -------------------------------------------------------------
     def tensor_states(self, op: Op) -> list[TensorState]:
         keys = self._memo.keys
         return [TensorState(*keys[k], v.id) for v, k in zip(self.tensors[op.id], self._kids(op))]
-
-    def _op_kids(self, i: int) -> tuple:
-        """``_kids`` of the op at index ``i``, cached while none of its tensors changes."""
-        got = self._opk.get(i)
-        if got is None:
-            got = self._opk[i] = self._kids(self.ops[i])
-        return got
 
     def _kids(self, op: Op) -> tuple:
         """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
@@ -355,12 +375,6 @@ class Propagation:
                     st = state[v.id]
                     out[t] = cache[v.id] = intern((tuple([s.axes for s in st]), tuple([s.prio for s in st]), v.size))
         return tuple(out)
-
-    def _apply(self, op: Op, rule: OpRule, forward: bool, i: int) -> list[int]:
-        got = self._memo.project(self.mesh, op.id, rule, self._op_kids(i))
-        if got is None:
-            return []  # (most visits: no axes, or the projection is what the tensors already hold)
-        return self._apply_projected(op, rule, forward, got)
 
     def _apply_projected(self, op: Op, rule: OpRule, forward: bool, got: tuple) -> list[int]:
         """The tensors' dims take what the op's projection ``got`` (``_Memo.project``) offers."""
@@ -390,13 +404,15 @@ class Propagation:
                     changed.append(v.id)
         return changed
 
-    def _plan(self, op: Op, rule: OpRule, forward: bool, got: tuple, kids: tuple) -> tuple:
-        """What ``_apply_projected`` writes at a visit of ``op`` whose tensors hold ``kids``
-        (none of them closed): ((tensor, dim, axes, priority, source tensor) per dim written,
-        (tensor, its new interned key) per tensor whose value changed). A function of (the op's signature, ``kids``, ``forward``)
-        only (the keys hold every dim's axes and priority; the signature, the rule and which
-        tensors are one value), so it is memoised on them across ops and runs: the 24 layers
-        of a model meet the same keys again and again."""
+    def _plan(self, op: Op, rule: OpRule, forward: bool, got: tuple, kids: tuple, closed: Optional[tuple]) -> tuple:
+        """What ``_apply_projected`` writes at a visit of ``op`` whose tensors hold ``kids``, with
+        ``closed`` the closed dims per tensor (``_closed_mask``; None: none is, as for every op
+        not next to a seed): ((tensor, dim, axes, priority, source tensor) per dim written,
+        (tensor, its new interned key) per tensor whose value changed). A function of (the op's
+        signature, ``kids``, ``forward``, ``closed``) only (the keys hold every dim's axes and
+        priority; the signature, the rule and which tensors are one value; a closed dim is never
+        written), so it is memoised on them across ops and runs: the 24 layers of a model meet
+        the same keys again and again."""
         keys = self._memo.keys
         tensors = self.tensors[op.id]
         final, source, projected = got
@@ -412,9 +428,10 @@ class Propagation:
             if n_in <= t < n_in + len(op.outputs) and not forward:
                 continue
             axs, prs = cur[rep[t]]
+            shut = closed[rep[t]] if closed is not None else None
             for d, fs in enumerate(dims):
                 new = projected[t][d]
-                if not new or new == axs[d] or not fs:
+                if not new or new == axs[d] or not fs or (shut is not None and shut[d]):
                     continue
                 if rule.factors[fs[0]].kind == NEED_REPLICATION and not rule.factors[fs[0]].carried:
                     continue
@@ -431,36 +448,53 @@ class Propagation:
         intern = self._memo.intern
         return tuple(writes), tuple((r, intern((tuple(cur[r][0]), tuple(cur[r][1]), tensors[r].size))) for r in changed)
 
-    def _apply_plan(self, op: Op, plan: tuple) -> bool:
-        """Write a memoised ``_plan`` (what ``_apply_projected`` would write) and touch the
-        changed values, whose keys the plan knows (so ``_kids`` need not intern them again)."""
+    def _bind(self, op: Op, plan: tuple) -> tuple:
+        """A memoised ``_plan`` bound to ``op``'s values: ((value id, dim, its new DimState) per
+        write, (value id, its new key) per changed value, the indices of the ops next to the
+        changed values); memoised per (op, plan), since the DimStates name the op (DimState is
+        frozen: one object serves every run)."""
         writes, changed = plan
         tensors = self.tensors[op.id]
+        near = self._near
+        return (tuple((tensors[t].id, d, DimState(new, prio, False, (op.id, tensors[src_t].id)))
+                      for t, d, new, prio, src_t in writes),
+                tuple((tensors[t].id, key) for t, key in changed),
+                tuple(i for t, _ in changed for i in near.get(tensors[t].id, ())))
+
+    def _apply_plan(self, bound: tuple) -> bool:
+        """Write a memoised ``_plan`` bound to its op (``_bind``: what ``_apply_projected``
+        would write) and touch the changed values, whose keys the plan knows (so ``_kids``
+        need not intern them again)."""
+        writes, changed, near = bound
         state = self.state
-        for t, d, new, prio, src_t in writes:
-            st = state.get(tensors[t].id)
+        for vid, d, ds in writes:
+            st = state.get(vid)
             if st is None:
-                st = self._dim_states(tensors[t].id)
-            st[d] = DimState(new, prio, False, (op.id, tensors[src_t].id))
-        ts, near, dirty, done, opk = self._ts, self._near, self._dirty, self._forward_done, self._opk
-        for t, key in changed:  # (_touch, inlined)
-            vid = tensors[t].id
-            if self._touched is not None:
-                self._touched.add(vid)
-            for i in near.get(vid, ()):
-                dirty[i] = True
-                done[i] = False
-                opk.pop(i, None)
+                st = self._dim_states(vid)
+            st[d] = ds
+        if not changed:
+            return False
+        ts = self._ts
+        for vid, key in changed:  # (_touch, at once)
             ts[vid] = key
-        return bool(changed)
+        if self._touched is not None:
+            self._touched.update(vid for vid, _ in changed)
+        self._dirty.update(near)
+        self._owed.update(near)
+        self._woke.extend(near)
+        return True
 
     def _record(self, which: Optional[Sequence[int]] = None) -> None:
         """Record the projection of every op (``which``: of the ops at these indices only)."""
         mesh, rules, projections, memo = self.mesh, self.rules, self.projections, self._memo
-        ops = self.ops
+        ops, ts_get, tids, recorded, rule_no = self.ops, self._ts.get, memo.tensor_ids, memo.recorded, memo.rule_no
         for i in (range(len(ops)) if which is None else which):
             op = ops[i]
-            projections[op.id] = memo.record(mesh, op.id, rules[op.id], self._op_kids(i))
+            kids = tuple(map(ts_get, tids[i]))  # (_kids when every key is cached)
+            if None in kids:
+                kids = self._kids(op)
+            got = recorded.get((rule_no[op.id], kids))
+            projections[op.id] = got if got is not None else memo.record(mesh, op.id, rules[op.id], kids)
 
     # -- results ------------------------------------------------------------
     @property

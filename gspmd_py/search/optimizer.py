@@ -89,6 +89,11 @@ reached: what is left is propagation (about a third) and the partitioner's trace
 (4): propagation memoises what a visit writes (engine.py ``_plan``, ops next to seeds excepted),
 ``can_add`` on a bare value is memoised, the tables read interned keys: 24 unrolled blocks about
 24.0-25.7 -> 21.7-23.4 CPU s; same results on 13 searches (the note above). 20 s: still not reached.
+(5): the search runs with young garbage collections only (collector.py: full collections walked
+the search's live tables about 20 times, ~7 of ~24 CPU s); propagation's sweep takes the ops that
+may want a visit from a heap; the tables memoise an op's rows; a state's decisions are the union
+of its classes' memoised answers (decide.py). 24 unrolled blocks: see
+benchmarks/results/notes-2026-11-26-search-speed.md (5).
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
@@ -128,6 +133,8 @@ from typing import Optional, Sequence
 
 from ..errors import ShardingError
 from .baselines import baseline_states
+from .collector import young_only
+from .decide import Decider
 from .context import TacticContext
 from .points import point_classes
 from .price import Price, Pricer
@@ -167,7 +174,6 @@ class _Search:
         self.rng = random.Random(seed)
         self.who = who
         self.classes = point_classes(ctx)
-        self.refs = {a: ctx.mesh.ref(a) for a in self.axes}
         self.pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate)
         self.memo: dict = {}  # state -> (score, Candidate, fingerprint)
         self.actions = [(c, d, a) for c, pc in enumerate(self.classes) for d in range(len(pc.shape))
@@ -179,10 +185,8 @@ class _Search:
         self.screen = SCREEN if screen is None else screen
         self.tables = None
         self.skipped: dict = {}  # reason -> candidates skipped for it
-        self._decided: dict = {}  # state -> decisions (memo)
+        self.decider = Decider(ctx, self.classes, self.axes, UNEVEN)
         self._seeds: dict = {}  # canonical state -> its seeds (memo)
-        self._cvals: dict = {}  # class index -> _class_values (memo)
-        self._first_add: dict = {}  # (value id, dim, axis) -> can_add on a value with nothing on it (memo)
         if self.screen:
             try:
                 self.tables = CostTables(ctx.graph, ctx.mesh, hw)
@@ -200,59 +204,13 @@ class _Search:
 
     # -- states ----------------------------------------------------------------------
     def canon(self, state) -> tuple:
-        order = {a: i for i, a in enumerate(self.ctx.mesh.axis_names)}
-        return tuple(sorted(set(state), key=lambda x: (x[0], x[1], order[x[2]])))
+        return self.decider.canon(state)
 
     def decisions(self, state) -> Optional[dict]:
-        """value id -> dims for the state's actions, or None when one is illegal (memoised by
-        the canonical state: legality and seeds ask for the same states many times; callers
-        never write into the answer)."""
-        state = tuple(state)
-        if state in self._decided:
-            return self._decided[state]
-        got = self._decided[state] = self._decisions(state)
-        return got
-
-    def _decisions(self, state) -> Optional[dict]:
-        out: dict = {}
-        ctx = self.ctx
-        first = self._first_add
-        for c, d, a in state:
-            ref = self.refs[a]
-            for vid, v, base in self._class_values(c):
-                mine = out.get(vid)
-                if mine is None:
-                    mine = out[vid] = [[] for _ in v.shape]
-                    if base is None:  # (nothing on the value yet: the answer is a function of (value, dim, axis))
-                        ok = first.get((vid, d, a))
-                        if ok is None:
-                            ok = first[vid, d, a] = ctx.can_add(v, d, ref, mine, uneven=UNEVEN)
-                        if not ok:
-                            return None
-                        mine[d].append(ref)
-                        continue
-                cur = mine if base is None else [x + y for x, y in zip(base, mine)]
-                if not ctx.can_add(v, d, ref, cur, uneven=UNEVEN):
-                    return None
-                mine[d].append(ref)
-        return out
-
-    def _class_values(self, c: int) -> list:
-        """(value id, value, its dims decided before the search, None when none is) per value of class ``c``
-        (the context's decisions do not change during a search)."""
-        got = self._cvals.get(c)
-        if got is None:
-            ctx = self.ctx
-            got = []
-            for vid in self.classes[c].values:
-                v = ctx.value(vid)
-                base = ctx.dims(v)
-                got.append((vid, v, base if any(base) else None))  # None: nothing decided before
-            self._cvals[c] = got
-        return got
+        return self.decider.decisions(state)
 
     def legal(self, state, action) -> bool:
-        return action not in state and self.decisions(self.canon(state + (action,))) is not None
+        return self.decider.legal(state, action)
 
     def describe(self, state) -> str:
         if not state:
@@ -588,7 +546,16 @@ def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_lim
     from ..cost import Hardware
 
     hw = hardware or Hardware.preset("h100-node")
+    with young_only() as collect:  # (collector.py: full collections walk the search's tables)
+        return _search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations, collect)
+
+
+def _search(ctx: TacticContext, axes: Sequence[str], hw, memory_limit, time_budget_s: float, seed: int, who: str,
+            screen: Optional[bool], max_evaluations: int, collect) -> SearchResult:
+    """``search``'s body: its tables are garbage once this returns (before the collector is back
+    on: collector.py)."""
     s = _Search(ctx, axes, hw, memory_limit, time_budget_s, seed, who, screen, max_evaluations)
+    s.pricer.collect = collect
     try:
         states = baseline_states(ctx, s.classes, tuple(axes)) if axes else []  # no axis: no hand plan
     except Exception as e:  # noqa: BLE001 - the hand plans are starting points: search from nothing

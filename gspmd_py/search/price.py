@@ -8,7 +8,7 @@ the same shardings share one price (``Pricer`` memoises by that fingerprint).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 
@@ -71,6 +71,8 @@ class Pricer:
         self.propagated = 0
         self.last_key = None  # the fingerprint of the last priced candidate
         self._template: Optional[Propagation] = None
+        # called before each program is built: the search's young collections (collector.py)
+        self.collect: Optional[Callable[[], None]] = None
 
     def propagate(self, seeds: Sequence[Seed]) -> Propagation:
         self.propagated += 1
@@ -91,6 +93,8 @@ class Pricer:
 
     def _build(self, prop: Propagation) -> Price:
         """Build and cost one candidate (a failure propagates: the search skips and counts it)."""
+        if self.collect is not None:  # (the previous program's cycles: it is garbage by now)
+            self.collect()
         prog = per_device_program(self.graph, self.mesh, prop, self.combine, self.donate)
         c = cost(prog, self.hw)
         return Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.index.collectives),

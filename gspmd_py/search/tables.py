@@ -226,7 +226,8 @@ class CostTables:
         self.pairs = 0  # (candidate, term) pairs summed so far
         # (term, id(projection)) -> (projection, row) of compute terms: propagation shares one
         # Projection object per (rule, tensor shardings), so a candidate's op meets a kept one
-        self._op_rows: dict = {}
+        self._block_rows: dict = {}  # (op block, id(projection), its values' keys) -> (projection, rows, reshards)
+        self._blocks: Optional[list[tuple]] = None  # ``_block_layout``
 
     # -- the table --------------------------------------------------------------------
     @property
@@ -259,7 +260,7 @@ class CostTables:
         latency (``collective_time`` of one byte) is charged once per group (kind, axes) per
         candidate, as the combiner issues independent collectives of one kind over the same
         axes as one."""
-        key = (kind, nbytes, axes)
+        key = (kind, nbytes, axes, grouped)
         got = self._coll.get(key)
         if got is None:
             names = list(axes)
@@ -319,58 +320,95 @@ class CostTables:
         all-reduces towards the value's layout; its other steps are the "out" term's)."""
         return self._price_steps(self._steps(shape, rdims, vdims, tuple(axes)), itemsize, grouped, REDUCTIONS)
 
+    def _block_layout(self) -> list[tuple]:
+        """The terms grouped by op (each op's terms are consecutive): (first term, end, the op's
+        id, the ids of the values its terms read, those values) per op."""
+        if self._blocks is None:
+            blocks: list[tuple] = []
+            for t, lay in enumerate(self._layout):
+                if not blocks or blocks[-1][2] is not lay[1]:
+                    blocks.append([t, t, lay[1], []])
+                b = blocks[-1]
+                b[1] = t + 1
+                if lay[0] != "op" and lay[3] not in b[3]:
+                    b[3].append(lay[3])
+            self._blocks = [(a, e, op.id, tuple(v.id for v in vs), tuple(vs)) for a, e, op, vs in blocks]
+        return self._blocks
+
     def indices(self, prop: Propagation) -> np.ndarray:
         """Row of the table per term for one propagated candidate (new rows filled as met).
-        A value's dims are read from its interned key when the run has one (``dims_of``'s
-        first answer), and a known row is found by one dictionary lookup."""
-        out = np.empty(len(self._layout), np.int64)
-        projs = prop.projections
+        An op's rows are a function of its projection and its values' dims, memoised per op
+        on (the projection object, the values' interned keys): candidates share most of them.
+        A value resharded once per target, whatever reads it: the rows of an operand's
+        reshard after the first to one target are zeroed here, across ops."""
+        out: list[int] = []
+        projs, ts_get, dims_of = prop.projections, prop.value_keys.get, prop.dims_of
+        memo = self._block_rows
+        seen: set = set()
+        for b, (start, end, op_id, vids, vals) in enumerate(self._block_layout()):
+            proj = projs[op_id]
+            vk = tuple(map(ts_get, vids))
+            if None in vk:
+                vk = tuple(k if k is not None else dims_of(v) for k, v in zip(vk, vals))
+            key = (b, id(proj), vk)
+            got = memo.get(key)
+            if got is None or got[0] is not proj:
+                got = memo[key] = (proj,) + self._op_block(prop, start, end, proj)
+            out.extend(got[1])
+            if got[2]:
+                for t, vid, dst in got[2]:
+                    if (vid, dst) in seen:
+                        out[t] = 0
+                    else:
+                        seen.add((vid, dst))
+        return np.asarray(out, np.int64)
+
+    def _op_block(self, prop: Propagation, start: int, end: int, proj) -> tuple[list[int], tuple]:
+        """The rows of the terms ``start:end`` (one op's), and (term, value id, target dims) per
+        operand reshard priced (``indices`` zeroes a repeat of one (value, target))."""
         dims_of, ts_get, keys = prop.dims_of, prop.value_keys.get, prop.key_table
-        row, op_rows, known = self._row, self._op_rows, self._keys.get
-        seen: set = set()  # (value, target): a value resharded once per target, whatever reads it
-        for t, lay in enumerate(self._layout):
+        row, known = self._row, self._keys.get
+        rows: list[int] = []
+        reshards: list[tuple] = []
+        for t in range(start, end):
+            lay = self._layout[t]
             kind, op = lay[0], lay[1]
-            proj = projs[op.id]
             if kind == "op":
-                got = op_rows.get((t, id(proj)))
-                if got is None or got[0] is not proj:
-                    fk = tuple(sorted(proj.factors.items()))
-                    rule = prop.rules[op.id]
-                    got = op_rows[t, id(proj)] = (proj, row(("op", lay[2], rule, fk),
-                                                             lambda: self._op_cost(op, rule, proj.factors, proj)))
-                out[t] = got[1]
+                fk = tuple(sorted(proj.factors.items()))
+                rule = prop.rules[op.id]
+                rows.append(row(("op", lay[2], rule, fk), lambda: self._op_cost(op, rule, proj.factors, proj)))
                 continue
             v = lay[3]
             k = ts_get(v.id)
             vdims = keys[k][0] if k is not None else dims_of(v)
             if kind == "in":
                 src, dst = vdims, proj.operand_dims[lay[2]] if lay[2] < len(proj.operand_dims) else None
-                if dst is None or src == dst or (v.id, dst) in seen:
-                    out[t] = 0
+                if dst is None or src == dst:
+                    rows.append(0)
                     continue
-                seen.add((v.id, dst))
+                reshards.append((t, v.id, dst))
             elif kind == "out":
                 i = lay[2]
                 src, dst = (proj.result_dims[i] if i < len(proj.result_dims) else None), vdims
                 if src is None or src == dst:
-                    out[t] = 0
+                    rows.append(0)
                     continue
             else:
                 if proj.partial is None or lay[2] >= len(proj.result_dims):
-                    out[t] = 0
+                    rows.append(0)
                     continue
                 rd, axes, late = proj.result_dims[lay[2]], proj.partial.axes, lay[4]
                 key = ("pa", v.shape, v.dtype.itemsize, rd, axes, vdims, late)
                 r = known(key)
-                out[t] = r if r is not None else row(key, lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd,
-                                                                                       axes, vdims, late))
+                rows.append(r if r is not None else row(key, lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd,
+                                                                                          axes, vdims, late)))
                 continue
             late = v.id in self._late
             key = ("re", v.shape, v.dtype.itemsize, src, dst, late)
             r = known(key)
-            out[t] = r if r is not None else row(key, lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src,
-                                                                                   dst, late))
-        return out
+            rows.append(r if r is not None else row(key, lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src,
+                                                                                      dst, late)))
+        return rows, tuple(reshards)
 
     def argument_bytes(self, prop: Propagation) -> int:
         """Local bytes of the inputs and outputs (a lower bound of the peak, for memory limits)."""

@@ -191,3 +191,139 @@ def test_spliced_combine_equals_the_retrace(name, fn, shapes, mesh_shape, names)
             (b.step_s, b.peak_memory_bytes, b.comm_bytes, b.collectives)
         merged += any(e.key.startswith("combined") for e in fast.index.entries)
     assert merged > 0  # some candidates merged collectives (the splice ran)
+
+
+class _FullSweep(Propagation):
+    """engine.py's sweep before the worklist: every op of the level looked at, in program
+    order then reversed, each visit through ``_apply_projected``."""
+
+    def _fixed_point(self, level):
+        ops = [(i, self.rules[op.id].forward_level) for i, op in enumerate(self.ops) if self.rules[op.id].level <= level]
+        any_change = False
+        while True:
+            changed = False
+            for order in (ops, ops[::-1]):
+                for i, fl in order:
+                    if not (i in self._dirty or (fl is not None and level >= fl and i in self._owed)):
+                        continue
+                    forward = fl is None or level >= fl
+                    self._dirty.discard(i)
+                    (self._owed.discard if forward else self._owed.add)(i)
+                    op = self.ops[i]
+                    got = self._memo.project(self.mesh, op.id, self.rules[op.id], self._kids(op))
+                    if got is None:
+                        continue
+                    touched = self._apply_projected(op, self.rules[op.id], forward, got)
+                    for vid in touched:
+                        self._touch(vid)
+                    changed |= bool(touched)
+            any_change |= changed
+            if not changed:
+                return any_change
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", PLAN_PROGRAMS, ids=[r[0] for r in PLAN_PROGRAMS])
+def test_worklist_sweep_visits_as_the_full_sweep(name, fn, shapes, mesh_shape, names):
+    """engine.py ``_fixed_point`` takes only the ops that may want a visit, from a heap: every
+    dim state (priority and provenance included), projection and origin equals the sweep that
+    looks at every op of the level in order (a visit's order decides priorities and sources)."""
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    template = Propagation(graph, mesh, [])
+    inner = [v for v in graph.all_values() if v.rank == 2 and not v.is_const][:6]
+    sets = _seed_sets(graph, mesh) + [[Seed(v, ((mesh.ref(names[0]),), None), 1, "t")] for v in inner
+                                      if v.shape[0] % mesh.axis_size(names[0]) == 0]
+    for seeds in sets:
+        heap = template.with_seeds(seeds).run()
+        full = template.with_seeds(seeds)
+        full.__class__ = _FullSweep
+        full.run()
+        assert _all_states(heap, graph) == _all_states(full, graph)
+        assert heap.projections == full.projections and heap.origin == full.origin
+
+
+def _terms(tables, prop):
+    """Per term of one candidate: (seconds, bytes, the latency its group charges) (what the
+    sums add, whatever the order rows and groups were made in)."""
+    import numpy as np
+
+    idx = tables.indices(prop)
+    groups = tables.groups[idx]
+    alpha = np.append(tables.alpha, np.nan)[groups]  # (index -1, no group: nan)
+    return [tuple(x) for x in np.concatenate([tables.table[idx], alpha], axis=1)]
+
+
+@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", MERGING, ids=[r[0] for r in MERGING])
+def test_tables_memoised_op_rows_equal_fresh_tables(name, fn, shapes, mesh_shape, names):
+    """tables.py ``indices``: an op's rows memoised on (projection, its values' keys) across
+    candidates give every term the row that tables with nothing memoised give it, in either
+    order of the candidates (an operand resharded twice to one target paid once)."""
+    from gspmd_py.search.tables import CostTables
+
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    hw = gp.Hardware.preset("h100-node")
+    template = Propagation(graph, mesh, [])
+    props = [template.with_seeds(s).run() for s in _seed_sets(graph, mesh)]
+    fresh = [_terms(CostTables(graph, mesh, hw), p) for p in props]
+    shared = CostTables(graph, mesh, hw)
+    for order in (range(len(props)), reversed(range(len(props)))):
+        for i in order:
+            assert str(_terms(shared, props[i])) == str(fresh[i])  # (str: nan == nan)
+    assert len(shared._block_rows) > len(shared._block_layout())  # (candidates met other rows)
+
+
+def test_class_memoised_decisions_equal_the_state_loop():
+    """decide.py: a state's decisions as the union of its classes' memoised answers equal the
+    one loop over the state's actions (the point classes share no value)."""
+    from gspmd_py.search.context import Leaf, TacticContext
+    from gspmd_py.search.decide import Decider
+    from gspmd_py.search.points import point_classes
+
+    name, fn, shapes, mesh_shape, names = next(r for r in REFERENCE if r[0] == "block_grad")
+    mesh = gp.Mesh(mesh_shape, names)
+    graph = _graph(fn, shapes, mesh)
+    ctx = TacticContext(graph, mesh, [Leaf(i, "", f"arg{i}") for i in range(len(graph.inputs))], [])
+    classes = point_classes(ctx)
+    by_class, one_loop = Decider(ctx, classes, names, True), Decider(ctx, classes, names, True)
+    assert by_class._disjoint
+    one_loop._disjoint = False
+    acts = [(c, d, a) for c, pc in enumerate(classes) for d in range(len(pc.shape)) for a in names]
+    states = [(a,) for a in acts] + list(itertools.combinations(acts, 2)) + list(itertools.combinations(acts, 3))[:400]
+    legal = 0
+    for st in states:
+        st = by_class.canon(st)
+        got, want = by_class.decisions(st), one_loop.decisions(st)
+        assert got == want and (got is None or list(got) == list(want))
+        legal += got is not None
+    assert 0 < legal < len(states)
+
+
+def test_search_runs_with_young_collections_only():
+    """collector.py: the search turns the automatic collector off, collects the young
+    generations before each program it builds, and turns the collector back on; a
+    collector the caller turned off stays off and is never run."""
+    import gc
+
+    from gspmd_py.search import collector
+
+    calls = []
+    real = collector._young
+    collector._young = lambda: (calls.append(gc.isenabled()), real())
+    try:
+        name, fn, shapes, mesh_shape, names = REFERENCE[0]
+        mesh = gp.Mesh.abstract(mesh_shape, names)
+        args = [S(s, jnp.float32) for s in shapes]
+        assert gc.isenabled()
+        res = gp.auto_shard(fn, mesh, *args, hardware=gp.Hardware.preset("h100-node"))
+        assert gc.isenabled()
+        assert len(calls) == res.search.programs > 1 and not any(calls)
+        calls.clear()
+        gc.disable()
+        try:
+            gp.auto_shard(fn, mesh, *args, hardware=gp.Hardware.preset("h100-node"), seed=1)
+            assert not gc.isenabled() and calls == []
+        finally:
+            gc.enable()
+    finally:
+        collector._young = real
