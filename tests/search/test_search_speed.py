@@ -113,6 +113,12 @@ def _all_states(prop, graph):
     return {v.id: tuple(prop.state.get(v.id) or ()) or ((DimState(),) * v.rank) for v in graph.all_values()}
 
 
+def _assert_same_run(a, b, graph):
+    """Two propagations of one graph ended alike: every dim state, projection and origin."""
+    assert _all_states(a, graph) == _all_states(b, graph)
+    assert a.projections == b.projections and a.origin == b.origin
+
+
 PLAN_PROGRAMS = list(REFERENCE) + [("unrolled", _unrolled, [(16, 32), (32, 32), (32, 32), (32, 32)], (2, 4), ("x", "y"))]
 
 
@@ -140,9 +146,7 @@ def test_memoised_visit_plans_equal_the_visit_by_visit_path(name, fn, shapes, me
         fast = template.with_seeds(seeds).run()
         slow = template.with_seeds(seeds)
         slow.fast = False
-        slow.run()
-        assert _all_states(fast, graph) == _all_states(slow, graph)
-        assert fast.projections == slow.projections and fast.origin == slow.origin
+        _assert_same_run(fast, slow.run(), graph)
         assert fingerprint(fast, graph) == fingerprint(Propagation(graph, mesh, seeds).run(), graph)
         planned = len(template._memo.applied)
     assert planned > 0  # the plans were used
@@ -234,12 +238,9 @@ def test_worklist_sweep_visits_as_the_full_sweep(name, fn, shapes, mesh_shape, n
     sets = _seed_sets(graph, mesh) + [[Seed(v, ((mesh.ref(names[0]),), None), 1, "t")] for v in inner
                                       if v.shape[0] % mesh.axis_size(names[0]) == 0]
     for seeds in sets:
-        heap = template.with_seeds(seeds).run()
         full = template.with_seeds(seeds)
         full.__class__ = _FullSweep
-        full.run()
-        assert _all_states(heap, graph) == _all_states(full, graph)
-        assert heap.projections == full.projections and heap.origin == full.origin
+        _assert_same_run(template.with_seeds(seeds).run(), full.run(), graph)
 
 
 def _terms(tables, prop):
