@@ -47,8 +47,9 @@ def label(where: str) -> str:
     return "jax.shard_map region" + (f" at {where}" if where else "")
 
 
-def check(params: Mapping[str, Any], mesh: Optional[Any], where: str) -> None:
-    """A clear error unless the region's mesh is ``mesh`` (None: not known here) and all manual."""
+def check(params: Mapping[str, Any], mesh: Optional[Any], where: str, annotated: Optional[str] = None) -> None:
+    """A clear error unless the region's mesh is ``mesh`` (None: not known here) and all manual,
+    and ``annotated`` is None (a gp.annotate inside the region, as trace.py found it: said so)."""
     names, sizes = mesh_axes(params["mesh"])
     if mesh is not None:
         want_names, want_sizes = mesh_axes(mesh)
@@ -65,10 +66,9 @@ def check(params: Mapping[str, Any], mesh: Optional[Any], where: str) -> None:
                 f"{bad!r} is {got} in the shard_map and {size} in the gp.spmd mesh (a shard_map inside a gp.spmd "
                 f"function must use the same axis names and sizes, in the same order)")
     manual = manual_axes(params)
-    inner = _annotation_inside(body(params))
-    if inner is not None:
+    if annotated is not None:
         raise AnnotationError(
-            f"{label(where)}: {inner} inside it: the region's values are per-device blocks over its manual mesh "
+            f"{label(where)}: {annotated} inside it: the region's values are per-device blocks over its manual mesh "
             f"axes {manual}, where a sharding means nothing (jax.jit refuses with_sharding_constraint there too); "
             f"annotate the region's operands or results outside it")
     auto = tuple(n for n in names if n not in manual)
@@ -77,33 +77,6 @@ def check(params: Mapping[str, Any], mesh: Optional[Any], where: str) -> None:
             f"{label(where)} is manual over {manual} only, leaving mesh axes {auto} to the compiler "
             f"(partial-auto shard_map): gspmd_py supports shard_map regions manual over every mesh axis "
             f"(drop axis_names=, or annotate the values outside the region over {auto})")
-
-
-def _annotation_inside(jaxpr) -> Optional[str]:
-    """The first gp.annotate / gp.mesh_split in ``jaxpr`` or a jaxpr nested in it (said with its
-    source line), or None."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "gspmd_annotate":
-            src = compat.source_summary(eqn.source_info)
-            return eqn.params.get("origin", "gp.annotate") + (f" at {src}" if src else "")
-        for sub in _subjaxprs(eqn.params.values()):
-            found = _annotation_inside(sub)
-            if found is not None:
-                return found
-    return None
-
-
-def _subjaxprs(values):
-    """The jaxprs among equation parameters (scan / cond / while / call bodies, tuples of branches)."""
-    from jax.extend.core import ClosedJaxpr, Jaxpr
-
-    for v in values:
-        if isinstance(v, ClosedJaxpr):
-            yield v.jaxpr
-        elif isinstance(v, Jaxpr):
-            yield v
-        elif isinstance(v, (tuple, list)):
-            yield from _subjaxprs(v)
 
 
 _MISMATCH = re.compile(r"context mesh (\w*Mesh\(.*?\)) should match the mesh passed to\s+shard_map (\w*Mesh\(.*?\))",

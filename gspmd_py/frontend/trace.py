@@ -26,7 +26,7 @@ XLA cannot merge it with the forward pass and the memory saving survives.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -201,7 +201,7 @@ class _Builder:
                     env[var] = self._put(v, dst, ops, src, "/".join(scope))
                 continue
             if name == MANUAL:  # its operands through annotations of its in_specs (frontend/manual.py)
-                manual.check(eqn.params, self.mesh, src)
+                manual.check(eqn.params, self.mesh, src, annotated=_annotation_inside(manual.body(eqn.params)))
                 dims = manual.in_dims(eqn.params, [v.rank for v in ins])
                 ins = [self.annotate(v, d, ops, src, "/".join(scope)) for v, d in zip(ins, dims)]
             params = dict(eqn.params)
@@ -295,3 +295,30 @@ def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], mesh=None) -> Gra
     with tracing_mesh(mesh):
         closed = jax.make_jaxpr(fn)(*avals)
     return trace_jaxpr(closed, mesh)
+
+
+def _annotation_inside(jaxpr) -> Optional[str]:
+    """The first gp.annotate / gp.mesh_split in ``jaxpr`` or a jaxpr nested in it (said with its
+    source line), or None: one inside a shard_map region is an error (manual.check says why)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "gspmd_annotate":
+            src = compat.source_summary(eqn.source_info)
+            return eqn.params.get("origin", "gp.annotate") + (f" at {src}" if src else "")
+        for sub in _subjaxprs(eqn.params.values()):
+            found = _annotation_inside(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def _subjaxprs(values):
+    """The jaxprs among equation parameters (scan / cond / while / call bodies, tuples of branches)."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    for v in values:
+        if isinstance(v, ClosedJaxpr):
+            yield v.jaxpr
+        elif isinstance(v, Jaxpr):
+            yield v
+        elif isinstance(v, (tuple, list)):
+            yield from _subjaxprs(v)
