@@ -83,12 +83,14 @@ class _Memo:
         # (op signature, keys, forward) -> what a visit writes (``Propagation._plan``), and
         # op index -> its signature: rule number and which of its tensors are the same value
         self.applied: dict[tuple, tuple] = {}
-        # (op index, id of an ``applied`` plan) -> that plan bound to the op's values:
-        # ((value id, dim, DimState) per write, (value id, key) per changed value)
+        # (op index, id of an ``applied`` plan) -> that plan bound to the op's values (``_bind``)
         self.bound: dict[tuple[int, int], tuple] = {}
         sig_ids: dict[tuple, int] = {}
         self.op_sig: list[int] = []
         self.tensor_ids: list[tuple] = [tuple(v.id for v in op_tensors(op)) for op in ops]  # per op index
+        # per op index: its rule's level and forward level (the sweep's filters)
+        self.level = [rules[op.id].level for op in ops]
+        self.forward_level = [rules[op.id].forward_level for op in ops]
         for op in ops:
             first: dict[int, int] = {}
             alias = tuple(first.setdefault(v.id, t) for t, v in enumerate(op_tensors(op)))
@@ -152,13 +154,12 @@ class Propagation:
                 lst = self._near.setdefault(v.id, [])
                 if not lst or lst[-1] != i:
                     lst.append(i)
-        # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
-        # are all open has nothing to offer, so a fresh run starts with every op clean
-        self._levels: dict = {}  # "ops" -> per op index: (level, forward level) (per graph, shared)
         self._memo = _Memo(self.ops, self.rules)  # per graph, shared by with_seeds / extend
         # value id -> its interned key (_Memo.intern), while unchanged
         self._ts = self._open_keys()
-        # op indices: dirty (a tensor changed since its last visit), owed a forward pass (a
+        # an op is visited once one of its tensors changes (a seed counts): an op whose tensors
+        # are all open has nothing to offer, so a fresh run starts with every op clean.
+        # Op indices: dirty (a tensor changed since its last visit), owed a forward pass (a
         # tensor changed since its last forward visit), and the ops the current visit made
         # dirty (_fixed_point's heap takes those ahead of it)
         self._dirty: set[int] = set()
@@ -183,7 +184,7 @@ class Propagation:
         fresh.graph, fresh.mesh, fresh.seeds = self.graph, self.mesh, list(seeds)
         fresh.values, fresh.ops, fresh.rules = self.values, self.ops, self.rules
         fresh.tensors, fresh.op_by_id = self.tensors, self.op_by_id
-        fresh._near, fresh._levels, fresh._memo = self._near, self._levels, self._memo
+        fresh._near, fresh._memo = self._near, self._memo
         fresh.state = {}  # (a value's dims are made when first written: _dim_states)
         fresh.origin, fresh.projections = {}, {}
         fresh._ts = fresh._open_keys()
@@ -200,7 +201,7 @@ class Propagation:
         ext = Propagation.__new__(Propagation)
         ext.graph, ext.mesh, ext.seeds = self.graph, self.mesh, self.seeds + list(seeds)
         ext.values, ext.ops, ext.rules = self.values, self.ops, self.rules
-        ext.tensors, ext.op_by_id, ext._near, ext._levels = self.tensors, self.op_by_id, self._near, self._levels
+        ext.tensors, ext.op_by_id, ext._near = self.tensors, self.op_by_id, self._near
         ext._memo = self._memo
         ext.state = {vid: list(st) for vid, st in self.state.items()}
         ext.origin, ext.projections, ext._ts = dict(self.origin), dict(self.projections), dict(self._ts)
@@ -219,7 +220,7 @@ class Propagation:
     def _propagate(self, seeds: Sequence[Seed]) -> None:
         # the ops next to a seeded value (the only values with closed dims): their memoised
         # plans are keyed by which dims are closed too (_closed_mask)
-        self._slow = {i for s in self.seeds for i in self._near.get(s.value.id, ())}
+        self._by_seeds = {i for s in self.seeds for i in self._near.get(s.value.id, ())}
         for p in sorted({s.priority for s in seeds} | {0}):
             for s in seeds:
                 if s.priority == p:
@@ -276,14 +277,6 @@ class Propagation:
         self._owed.update(near)
         self._woke.extend(near)
 
-    def _op_levels(self) -> tuple[list[int], list[Optional[int]]]:
-        """Per op index: its rule's level and forward level (once per graph)."""
-        got = self._levels.get("ops")
-        if got is None:
-            rules = [self.rules[op.id] for op in self.ops]
-            got = self._levels["ops"] = ([r.level for r in rules], [r.forward_level for r in rules])
-        return got
-
     def _fixed_point(self, level: int) -> bool:
         """Sweep forward then backward until nothing changes. Only the ops of this level are
         looked at (level 0: the elementwise ones), and of those only the ones that may want a
@@ -293,12 +286,12 @@ class Propagation:
         op in order would find it. A visit is inlined up to its memoised projection: most
         visits end there (nothing to offer)."""
         any_change = False
-        lv, fls = self._op_levels()
+        lv, fls = self._memo.level, self._memo.forward_level
         woke, dirty, owed, memo = self._woke, self._dirty, self._owed, self._memo
         memo_project, rule_no, all_ops, rules = memo._project, memo.rule_no, self.ops, self.rules
         applied, op_sig, bound = memo.applied, memo.op_sig, memo.bound
         ts_get, tids = self._ts.get, memo.tensor_ids
-        slow, fast = self._slow, self.fast
+        by_seeds, fast = self._by_seeds, self.fast
         pop, push = heapq.heappop, heapq.heappush
         while True:
             changed = False
@@ -337,7 +330,7 @@ class Propagation:
                             if changed_values:
                                 changed = True
                         else:
-                            cm = self._closed_mask(i) if i in slow else None
+                            cm = self._closed_mask(i) if i in by_seeds else None
                             mk = (op_sig[i], kids, forward, cm)
                             plan = applied.get(mk)
                             if plan is None:

@@ -367,7 +367,7 @@ class CostTables:
         """The rows of the terms ``start:end`` (one op's), and (term, value id, target dims) per
         operand reshard priced (``indices`` zeroes a repeat of one (value, target))."""
         dims_of, ts_get, keys = prop.dims_of, prop.value_keys.get, prop.key_table
-        row, known = self._row, self._keys.get
+        row = self._row
         rows: list[int] = []
         reshards: list[tuple] = []
         for t in range(start, end):
@@ -398,16 +398,12 @@ class CostTables:
                     rows.append(0)
                     continue
                 rd, axes, late = proj.result_dims[lay[2]], proj.partial.axes, lay[4]
-                key = ("pa", v.shape, v.dtype.itemsize, rd, axes, vdims, late)
-                r = known(key)
-                rows.append(r if r is not None else row(key, lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd,
-                                                                                          axes, vdims, late)))
+                rows.append(row(("pa", v.shape, v.dtype.itemsize, rd, axes, vdims, late),
+                                lambda: self._partial_cost(v.shape, v.dtype.itemsize, rd, axes, vdims, late)))
                 continue
             late = v.id in self._late
-            key = ("re", v.shape, v.dtype.itemsize, src, dst, late)
-            r = known(key)
-            rows.append(r if r is not None else row(key, lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src,
-                                                                                      dst, late)))
+            rows.append(row(("re", v.shape, v.dtype.itemsize, src, dst, late),
+                            lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src, dst, late)))
         return rows, tuple(reshards)
 
     def argument_bytes(self, prop: Propagation) -> int:
