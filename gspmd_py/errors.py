@@ -38,6 +38,12 @@ class DeletedArrayError(ArgumentError, RuntimeError):
     RuntimeError too, as jax.jit's "Array has been deleted"."""
 
 
+class NotPicklableError(ShardingError, TypeError):
+    """A gspmd_py object that cannot be pickled (a gp.Plan holds the traced jaxpr and the built
+    program); the message says what to pickle instead. A TypeError too, as pickle's own
+    "cannot pickle ... object"."""
+
+
 class UnsupportedOpError(ShardingError):
     """A primitive with no sharding rule."""
 

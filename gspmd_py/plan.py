@@ -28,7 +28,7 @@ import jax
 from jax.extend.core import ClosedJaxpr
 from jax.sharding import PartitionSpec as JP
 
-from .errors import AnnotationError, ShardingError
+from .errors import AnnotationError, NotPicklableError, ShardingError
 from .ir import Graph, Value
 from .mesh import Mesh
 from .program.combine import DEFAULT_THRESHOLD_BYTES
@@ -75,6 +75,18 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan of {self.fn_name} on {self.mesh}>"
+
+    def __copy__(self) -> "Plan":
+        return self  # immutable: a copy is the plan itself
+
+    def __deepcopy__(self, memo) -> "Plan":
+        return self
+
+    def __reduce__(self):
+        raise NotPicklableError(
+            f"{self!r} cannot be pickled: it holds the traced jaxpr and the built per-device program, which do "
+            f"not pickle. Pickle what rebuilds it (the gp.spmd function, or fn, the gp.Mesh and the specs "
+            f"plan.in_shardings / plan.out_shardings) and call .plan(...) again where it is loaded")
 
     def with_notes(self, *notes: str) -> "Plan":
         """This plan with ``notes`` added to its diagnostics (a new plan; self is unchanged)."""

@@ -34,8 +34,15 @@ class P(tuple):
     x then y. Interchangeable with ``jax.sharding.PartitionSpec``.
     """
 
+    __slots__ = ()
+
     def __new__(cls, *entries: Any) -> "P":
         return super().__new__(cls, entries)
+
+    def __reduce__(self):
+        """copy, deepcopy and pickle rebuild ``P(*entries)``: the tuple's own reduction would call
+        ``P(entries)``, a one-entry spec."""
+        return (type(self), tuple(self))
 
     def __repr__(self) -> str:
         return "P(" + ", ".join(repr(e) for e in self) + ")"
@@ -230,6 +237,11 @@ class Sharding:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        """Rebuilt from its mesh and axes, so the hash is this process's (string hashes differ
+        between processes) and the axes are the mesh's shared AxisRefs."""
+        return (_rebuild_sharding, (self.mesh, self.dims, self.partial))
+
     # -- GSPMD interop ---------------------------------------------------------
     @classmethod
     def from_tile_assignment(cls, mesh: Mesh, tiles, replicate_last: bool = False) -> "Sharding":
@@ -243,6 +255,11 @@ class Sharding:
             raise TileAssignmentError(f"gp.Sharding.from_tile_assignment needs a gp.Mesh, got {type(mesh).__name__} "
                                       f"{short_repr(mesh, 40)}")
         return _from_tiles(mesh, np.asarray(tiles), replicate_last)
+
+
+def _rebuild_sharding(mesh: Mesh, dims, partial) -> Sharding:
+    """Unpickling (``Sharding.__reduce__``): through ``Sharding.of``, as the planner builds them."""
+    return Sharding.of(mesh, dims, partial)
 
 
 def named_spec(mesh: Mesh, jax_mesh, entries: Sequence, what: str = "tensor", open_entry: Any = None) -> P:

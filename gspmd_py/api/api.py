@@ -141,6 +141,22 @@ class Spmd:
         # would replace this object's own attributes)
         functools.update_wrapper(self, fn, updated=())
 
+    def __copy__(self) -> "Spmd":
+        return self  # a function: copies are itself, as Python's functions' are
+
+    def __deepcopy__(self, memo) -> "Spmd":
+        return self
+
+    def __reduce__(self):
+        """Pickled as the gp.spmd call that makes it (``fn`` as pickle takes functions: by
+        reference); the loaded function builds its plans on first use."""
+        sig = self._sig
+        options = dict(static_argnums=tuple(sorted(sig.static_argnums)), static_argnames=tuple(sorted(sig.static_argnames)),
+                       donate_argnums=tuple(sorted(sig.donate_argnums)),
+                       combine_threshold_bytes=self.combine_threshold_bytes, tactics=self.tactics,
+                       hardware=self.shaping.hardware, collective_matmul_bytes=self.shaping.collective_matmul_bytes)
+        return (functools.partial(Spmd, **options), (self.fn, self.mesh, self.in_shardings, self.out_shardings))
+
     def __get__(self, obj, objtype=None):
         """As a method (``@gp.spmd`` on a ``def`` in a class), bind the instance as the first
         positional argument, as jax.jit does: it is ``arg0`` (a pytree, or static by

@@ -38,11 +38,13 @@ microbatches)`` that applies with the other axes searched; the cheapest plan tha
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Optional
 
 import attrs
 import jax
 
+from ..errors import NotPicklableError
 from ..mesh import Mesh
 from ..sharding import P
 from ..search.optimizer import SearchResult, bytes_text
@@ -65,6 +67,19 @@ class AutoResult:
     pipeline: Any = None  # the gp.tactics.pipeline schedule of the plan's open gp.pipeline calls (None: none)
     pipelines: tuple = ()  # api/auto_pipeline.py's PipelineTrial per schedule priced (open pipelines only)
     pipeline_text: str = ""  # which schedule was chosen, or why none was (open pipelines only)
+
+    def __copy__(self) -> "AutoResult":
+        return self  # frozen
+
+    def __deepcopy__(self, memo) -> "AutoResult":
+        """Its fields deep-copied (the plan and the gp.spmd function are themselves, as copies)."""
+        return attrs.evolve(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in attrs.fields(AutoResult)})
+
+    def __reduce__(self):
+        raise NotPicklableError(
+            "a gp.AutoResult holds its gp.Plan, which does not pickle; pickle the search's result as data, "
+            "res.rules() with res.in_shardings and res.out_shardings, and replay it where it is loaded: "
+            "gp.spmd(fn, mesh, in_shardings=..., out_shardings=..., tactics=rules) builds the same program")
 
     def report(self) -> str:
         """The chosen plan beside the best candidates and every hand-written plan (predicted

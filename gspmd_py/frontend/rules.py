@@ -122,6 +122,10 @@ class Rules:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        """Rebuilt from its pairs (copy, deepcopy, pickle), so the hash is this process's."""
+        return (Rules, (self.rules, self.unmatched))
+
     def __repr__(self) -> str:
         body = ", ".join(f"({_pat_text(p)}, {s!r})" for p, s in self.rules[:4])
         more = f", ... {len(self.rules)} rules" if len(self.rules) > 4 else ""
