@@ -18,7 +18,6 @@ import time
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import gspmd_py as gp

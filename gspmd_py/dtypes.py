@@ -30,11 +30,6 @@ def dtype(dt: Any) -> np.dtype:
         return np.dtype("V")
 
 
-def is_key(dt: Any) -> bool:
-    """A typed PRNG key dtype (``key<fry>``)."""
-    return dt is not None and bool(jnp.issubdtype(dt, jax.dtypes.prng_key))
-
-
 def is_float0(dt: Any) -> bool:
     """JAX's float0: the tangent type of integers and booleans (no data)."""
     return dt is not None and dtype(dt) == jax.dtypes.float0
@@ -68,8 +63,6 @@ def is_unsigned(dt: Any) -> bool:
 
 def is_key(dt: Any) -> bool:
     """A typed PRNG key dtype (``key<fry>``): an extended dtype, uint32 words underneath."""
-    import jax
-
     return not isinstance(dt, np.dtype) and bool(jax.dtypes.issubdtype(dt, jax.dtypes.extended))
 
 

@@ -50,9 +50,6 @@ class AxisRef:
     def overlaps(self, other: "AxisRef") -> bool:
         return self.name == other.name and max(self.pre, other.pre) < min(self.stop, other.stop)
 
-    def covers(self, other: "AxisRef") -> bool:
-        return self.name == other.name and self.pre <= other.pre and other.stop <= self.stop
-
 
 _SUB_RE = re.compile(r"^\s*([^:()\s]+)\s*:\s*\(\s*(\d+)\s*\)\s*(\d+)\s*$")
 

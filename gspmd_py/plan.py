@@ -188,13 +188,6 @@ class Plan:
 
         return Boundary.of(self, self.traced.jaxpr)
 
-    @property
-    def out_jax_shardings(self):
-        """The outputs' NamedShardings (over the user's mesh where it can say them); None on an abstract mesh."""
-        from .runtime.stages import out_shardings
-
-        return out_shardings(self)
-
     def compiled(self):
         """``jax.stages.Compiled`` of the program: ``self.lower().compile().compiled``, compiled anew."""
         return self.lower().compile().compiled

@@ -238,19 +238,6 @@ def special_values(dtype, huge: bool = False) -> np.ndarray:
         return np.array(vals, np.float64).astype(d)
 
 
-def fuzz_values(shape, dtype, seed: int, mode: str = "plain") -> np.ndarray:
-    """``rand`` values; with mode "special" (or "huge") about 30% of them replaced by
-    ``special_values`` (bit patterns kept: -0.0 stays -0.0)."""
-    x = rand(shape, dtype, seed)
-    if mode == "plain" or x.size == 0:
-        return x
-    rng = np.random.default_rng(seed + 104729)
-    sv = special_values(dtype, huge=mode == "huge")
-    mask = rng.random(x.shape) < 0.3
-    x[mask] = sv[rng.integers(0, len(sv), int(mask.sum()))]
-    return x
-
-
 EXACT, EXACT_UP_TO_ZERO_SIGN, INEXACT = 2, 1, 0
 
 

@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 
 import attrs
 import jax
-import jax.numpy as jnp
 
 from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key

@@ -47,7 +47,7 @@ import jax
 from ..errors import NotPicklableError
 from ..mesh import Mesh
 from ..sharding import P
-from ..search.optimizer import SearchResult, bytes_text
+from ..search.optimizer import SearchResult
 
 
 @attrs.frozen

@@ -65,10 +65,6 @@ def fusible_consumer(eqn) -> bool:
     return facts_of(eqn.primitive.name).fused_consumer
 
 
-def is_collective(eqn) -> bool:
-    return bool(facts_of(eqn.primitive.name).collective)
-
-
 def is_free(eqn) -> bool:
     """Nothing runs: an alias of its operand, or an op that costs nothing (axis_index)."""
     return facts_of(eqn.primitive.name).flops == F.FREE or is_alias(eqn)

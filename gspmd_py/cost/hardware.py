@@ -173,10 +173,6 @@ class Hardware:
         """The Hardware a calibration measured (calibrate.py's ``Measured``)."""
         return Hardware(**attrs.asdict(m, recurse=False))
 
-    def with_links(self, **links: Link) -> "Hardware":
-        """This hardware with the given per-axis links (other axes keep the topology's)."""
-        return attrs.evolve(self, topology=PerAxis(tuple(sorted(links.items())), None))
-
 
 def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
     """Device ids of the first group of a collective over ``axes`` (sub-axes allowed), in

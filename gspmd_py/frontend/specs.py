@@ -266,15 +266,6 @@ def _annotation_dims(mesh: Mesh, spec: tuple, rank: int, what: str):
 
 
 # -- arguments -----------------------------------------------------------------------------
-def arg_avals(args) -> tuple[list, Any, list]:
-    """(leaves, treedef, ShapeDtypeStructs) of the positional arguments tuple; a leaf that is not
-    an array is an AnnotationError naming it by key path."""
-    with_path, tree = _tu.tree_flatten_with_path(args)
-    leaves = [x for _, x in with_path]
-    avals = [leaf_aval(x, leaf_name("arg", p)) for p, x in with_path]
-    return leaves, tree, avals
-
-
 def leaf_aval(x, where):
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(x.shape, x.dtype)

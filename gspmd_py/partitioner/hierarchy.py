@@ -28,7 +28,6 @@ from typing import Iterable, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ..mesh import AxisRef, Mesh
 from .shaping import Shaped

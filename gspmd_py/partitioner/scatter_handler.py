@@ -28,7 +28,6 @@ is never read.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from .. import dtypes

@@ -9,7 +9,7 @@ Layers, as in GSPMD and Shardy, over one worklist engine:
   broadcast backwards; level 3 broadcast forwards. Whenever a higher level changes
   something the engine drops back to level 0, so cheap pass-through ops always speak
   first;
-* per op (``projection.project_op``): each tensor dim offers its axes to the op's
+* per op (``projection.project_key``): each tensor dim offers its axes to the op's
   factors, the offers merge, the factors take axes; each tensor dim then takes its
   factors' axes if they extend what it has.
 
@@ -34,7 +34,7 @@ from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
 from . import axes as ax
-from .projection import INF, Projection, TensorState, project_key, record_key
+from .projection import INF, Projection, project_key, record_key
 
 
 @attrs.frozen
@@ -351,10 +351,6 @@ class Propagation:
                 return any_change
 
     # -- one op -------------------------------------------------------------
-    def tensor_states(self, op: Op) -> list[TensorState]:
-        keys = self._memo.keys
-        return [TensorState(*keys[k], v.id) for v, k in zip(self.tensors[op.id], self._kids(op))]
-
     def _kids(self, op: Op) -> tuple:
         """Per tensor of ``op``: its interned key (``_Memo.intern``: axes per dim, priority per
         dim, size), cached per value while it is unchanged."""

@@ -1,6 +1,6 @@
 """An op's sharding projection: its factor -> mesh axes assignment (Shardy's ShardingProjection).
 
-One function, ``project_op``, turns the shardings of an op's tensors into per-factor axes.
+One memoised function, ``project_key``, turns the shardings of an op's tensors into per-factor axes.
 Propagation calls it on every visit of an op (then writes the factors' axes back onto the
 tensors); at its end it records the projection of every op, and the partitioner executes
 exactly that record: operands are resharded to ``operand_dims``, the local op runs, its
@@ -92,9 +92,6 @@ class Projection:
     result_dims: tuple[tuple[Axes, ...], ...]
     partial: Optional[PartialResult] = None
 
-    def axes_of(self, f: int) -> Axes:
-        return self.factors.get(f, ())
-
 
 def offers(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: bool = False
            ) -> dict[int, list[Offer]]:
@@ -151,25 +148,10 @@ def project_dim(mesh: Mesh, factor_axes: Sequence[Axes], sizes: Sequence[int]) -
     return ax.project(mesh, factor_axes, sizes)
 
 
-def project_op(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], *, decide: bool = False
-               ) -> tuple[FactorAxes, dict[int, tuple[float, int]]]:
-    """Per-factor axes from the tensors' shardings, and per factor (priority, source value id).
-
-    A pure function of the rule and the tensors' shardings, memoised: the ops of a repeated
-    layer (and every visit that finds nothing new) cost one dictionary lookup."""
-    final, source, _ = project_cached(mesh, rule, tensors, decide)
-    return dict(final), {f: (prio, tensors[t].value_id) for f, (prio, t) in source}
-
-
-def project_cached(mesh: Mesh, rule: OpRule, tensors: Sequence[TensorState], decide: bool = False):
-    """(factor axes, (factor, (priority, source tensor index)), per tensor its dims' projected
-    axes) as sorted tuples, memoised on the rule and the shardings."""
-    return _project_cached(mesh, rule, tuple((st.axes, st.prios, st.size) for st in tensors), decide)
-
-
 def project_key(mesh: Mesh, rule: OpRule, key: tuple):
-    """``project_cached`` from the tensors' (axes, priorities, size) per tensor (propagation's
-    hot loop keeps these keys, not TensorStates)."""
+    """(factor axes, (factor, (priority, source tensor index)), per tensor its dims' projected
+    axes) as sorted tuples from the tensors' (axes, priorities, size) per tensor (propagation's
+    hot loop keeps these keys, not TensorStates), memoised on the rule and the shardings."""
     return _project_cached(mesh, rule, key, False)
 
 

@@ -142,8 +142,6 @@ class Boundary:
         """A jit of (pad the uneven inputs that arrive unpadded) then the program, for jax.Array
         inputs of the logical shape in any sharding (compiled per input layout, on first use)."""
         if self._fused is None:
-            import jax.numpy as jnp
-
             closed, padded, dtypes = self._jaxpr, self.padded_shapes, self.dtypes
 
             def run(*xs):
@@ -254,8 +252,6 @@ def _host_pad_whole(x, padded_shape: tuple[int, ...], dtype: np.dtype) -> np.nda
 def _device_pad(shape: tuple[int, ...], padded_shape: tuple[int, ...], dtype: np.dtype,
                 target: NamedSharding) -> Callable:
     """A jitted function padding a jax.Array of ``shape`` to ``padded_shape`` into ``target``."""
-    import jax.numpy as jnp
-
     pads = [(0, p - n) for n, p in zip(shape, padded_shape)]
     return jax.jit(lambda v: pad_array(v, pads, dtype), out_shardings=target)
 

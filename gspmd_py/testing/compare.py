@@ -20,7 +20,6 @@ import math
 from typing import Any, Callable, Optional
 
 import attrs
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import jax
-import jax.numpy as jnp
 
 import gspmd_py as gp
 

@@ -10,7 +10,7 @@ import pytest
 
 import gspmd_py as gp
 from gspmd_py.cost.collectives import collective_time
-from gspmd_py.cost.hardware import Level, Link
+from gspmd_py.cost.hardware import Link
 
 P = gp.P
 H100_4 = gp.Hardware.preset("h100-node", node_size=4)

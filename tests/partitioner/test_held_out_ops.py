@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from jax import lax
 
 import gspmd_py as gp
-from partition_util import assert_same, check, examples, meshes, rand
+from partition_util import check, examples, meshes, rand
 
 P = gp.P
 

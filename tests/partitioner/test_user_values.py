@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 import gspmd_py as gp
-from partition_util import assert_bitwise, bitwise_diff, jit_sharded, mesh_of
+from partition_util import assert_bitwise, jit_sharded, mesh_of
 
 P = gp.P
 M8, M24 = mesh_of(0), mesh_of(1)  # (8,) "x";  (2, 4) "x", "y"
