@@ -2,20 +2,9 @@
 
 Each table is ONE NumPy definition, vectorised over all shards (Python loops only over mesh
 axes and blocks of window elements, never over shards or devices); there is no Numba path
-and no dispatcher. Measured (``python -m benchmarks --only index``, against the Numba loop
-kernels these replaced, loaded from git; ``benchmarks/results/index_math.md``):
-
-* a Numba kernel's first call in a process costs 0.55-1.7 s (importing Numba, loading the
-  kernel from its on-disk cache); the NumPy definitions take 0.1-13 ms per table at 32,768
-  shards, so loading Numba pays only from 10^7-10^9 units of work (shards x inner
-  iterations), against ~2x10^5 for a conv's halo tables on 65,536 devices;
-* with the kernels already loaded, planning a conv whose H is split over 8,192-65,536
-  devices is 1.06-1.16x faster and a gp.auto_shard of a conv net on them 0.98-1.01x; the
-  first plan in a fresh process is 3-5x slower (0.75-0.9 s against 0.14-0.21 s);
-* the loop kernels run uncompiled (the other way to write the math once) are 9-300x slower
-  than the NumPy definitions from 512 shards on.
-
-So ``import gspmd_py`` and planning never load Numba.
+and no dispatcher: loading Numba costs more than the tables take at any mesh size planned
+(``benchmarks/results/index_math.md``; docs/performance.md's appendix), so ``import gspmd_py``
+and planning never load Numba.
 
 Conventions. A tensor dim of global size ``n`` split into ``k`` shards uses shards of
 ``c = ceil(n / k)`` rows: shard ``i`` holds global rows ``[i*c, min(n, (i+1)*c))`` and the

@@ -18,9 +18,8 @@ besides its peak rates (all optional; empty: one rate as before):
   gradient's image, the contracted feature the local batch ``f``) in their own classes:
   ``"wgrad/large-f"``, and, where the local batch is small (``f`` below ``WGRAD_FEATURES``) on a
   large image (``WGRAD_SPATIAL`` elements or more), ``"wgrad/small-f/<f>"``: a host's conv
-  kernel runs that at a rate that grows with ``f`` (measured on this 2-core host, 64 x 64
-  images: 28, 59, 112, 190 GFLOP/s at f = 1, 2, 4, 8, against 200 for the forward conv; on 32 x
-  32 images f = 1 runs at the forward rate). The listed efficiency of ``"wgrad/small-f"`` is the
+  kernel runs that at a rate that grows with ``f`` (docs/performance.md's appendix). The
+  listed efficiency of ``"wgrad/small-f"`` is the
   rate at ``f`` = 1; ``f`` features run ``f`` x that, at most ``"wgrad/large-f"``'s. So a data
   parallel plan whose local batch is 1 pays for its weight gradients where a spatial plan
   (the whole batch on each device, a tile of the image) does not;

@@ -4,8 +4,7 @@ The search keeps large tables alive for its whole run (propagation memos, the co
 every candidate's propagation and price) and makes a program per priced candidate, whose
 tracing leaves cyclic garbage. With the collector on, each full collection walks the whole
 heap, the tables included, and the search's allocation rate triggers one every few hundred
-thousand objects: on 24 unrolled transformer blocks 20 full collections took ~7 of ~24 CPU s
-and reclaimed little. ``young_only`` turns the automatic collector off for the search and
+thousand objects, each reclaiming little (docs/performance.md's appendix measures it). ``young_only`` turns the automatic collector off for the search and
 hands back ``collect``, which the pricer calls once per program it builds: a collection of
 the two young generations, which walks only what was made since the last one and reclaims
 that candidate's cycles (so its garbage does not pile up, as it would with the collector

@@ -16,17 +16,11 @@ Method, deterministic for a seed:
    legal action, keep the best distinct (by propagated shardings) states, until the beam
    stops improving;
 3. hill climbing from the best state over every action (intermediate annotations too) and
-   drops, first improvement in a seeded order; then, when ``RUNNERS_UP`` > 0 (off by
-   default), from the runners-up (the ``RUNNERS_UP`` best distinct start states and beam
-   states not climbed yet: other families of plans), within ``RUNNERS_UP_SHARE`` times the
-   work done so far. On a GPT-2-like step (vocab 50257, 12 heads, batch 12; h100-node,
-   (2, 4)) uneven splits gave the beam better start states whose climb ends on a local
-   optimum (1.534 ms predicted, where the even-only search had found 1.418 ms); with 3
-   runners-up it finds 1.390 ms, in about twice the time (block step 2.1 -> 4.9 s, scanned
-   24 layers 4.0 -> 7.8 s, 24 unrolled blocks 37 -> 91 s of CPU). Off because on the
-   held-out zoo (benchmarks/results/auto_zoo.md, calibrated CPU) the wider search found
-   mixed plans predicted 5-10% faster than data parallel that measured 1.4-1.5x slower
-   (scanned stack, ViT and T5 on (8,)): more search exploits more of the cost model's errors;
+   drops, first improvement in a seeded order; then, when ``RUNNERS_UP`` > 0, from the
+   runners-up (the ``RUNNERS_UP`` best distinct start states and beam states not climbed yet:
+   other families of plans), within ``RUNNERS_UP_SHARE`` times the work done so far. Off by
+   default: the wider search finds plans predicted faster that exploit the cost model's errors
+   (docs/performance.md, appendix);
 4. restarts: perturb the best state (drop an action, add a random one; ``random.Random(seed)``)
    and hill-climb (as 3); stop after 3 restarts without a better state, or once the restarts
    have evaluated half as many new states (priced or ranked by the tables: each is propagated)
@@ -42,71 +36,23 @@ those the tables predict better than the current state are priced in the tables'
 first that prices better wins, and the round gives up after ``SCREEN_CLIMB`` priced no better.
 Every score the search keeps is the traced pricer's; the tables only choose what to price.
 
-Speed, same results: propagation starts with every op clean (only ops a seed or a change
-reaches are visited), recorded projections are memoised on the tensors' shardings, and a state
-the tables ranked once is never propagated again for them (its propagation is kept, with the
-last ``KEEP_PROPAGATIONS``, for pricing). Measured, interleaved, on this shared 2-core machine
-(h100-node preset, (2, 4) mesh, benchmarks' small dims; before -> after, same plans and
-candidates): a transformer block's step 34 / 24 / 13 s -> 8.9 / 6.8 / 3.3 s (2.0-2.3 s when
-the machine is quieter); a 32-layer scanned stack 19.8 / 17.3 / 8.3 s -> 14.7 / 12.8 / 5.3 s;
-24 unrolled blocks 153 s -> 106 s.
-
-Speed, same results (2), from a profile of the 24 unrolled blocks' search (cProfile): the
-decisions and seeds of a state are memoised (legality asked them ~10^6 times per class value);
-propagation interns each value's key (axes, priorities, size) per graph, memoises each visit's
-projection and each record on (rule number, interned keys), keeps each op's keys until one of
-its tensors changes and starts a run from the per-graph keys of the all-open state
-(propagation/engine.py's ``_Memo``; a dim's growth memoised in axes.grown); the tables reuse a
-compute term's row for a projection object met before; the combiner's cycle check tests group
-dependency bitsets and walks once per collective (program/combine.py); the pricer builds the
-largest buffers' texts only for the sizes that reach the top. Plans, predicted steps, the best
-five candidates and the counts of candidates, programs and ranked states are the same on
-tests/models.py's and benchmarks/programs.py's reference programs (h100-node and calibrated)
-and on the deep programs below (tests/search/test_search_speed.py: the shared memo gives a
-fresh run's projections; the combiner merges what the member-by-member walk did). Measured
-interleaved (before, after, one after the other per program) on this 2-core machine while it
-was quiet (wall = CPU time; load average 1-4), (2, 4) mesh, benchmarks' small dims, seconds:
-calibrated hardware: a transformer block's step 2.42 -> 1.57; the scanned 24-layer stack 4.21
--> 3.27; a scanned 32-layer stack 4.19 -> 3.23; 24 unrolled blocks 56.4 -> 29.9; h100-node: a
-block 1.98 -> 1.20, 24 unrolled blocks 72.9 -> 35.3 (under load average 10-13 the same
-searches took 2-4x as long in wall time). What is left on the unrolled blocks (cProfile):
-about 60% the traced pricer (per priced candidate: tracing the partitioned program, the
-combiner's second trace, the cost model), 25% propagation's visits (about 7,000 per run, one
-per op reached), the rest the tables and the search's bookkeeping; pricing from projections
-(no trace) is the next step.
-
-Speed, same results (3), from profiles of the same search: the pricer's combiner splices each
-merged group (traced alone) into the traced program instead of retracing all of it
-(combine.py's ``_splice_body``: the same program text, index and cost; the compiler keeps
-the retrace); propagation's sweep inlines a visit up to its memoised projection and makes a
-value's dim states only when first written; one Fusion per body for the cost and the
-peak-memory walks; a name stack's scope parsed once; one OpPlan per distinct projection; the
-point classes' users map built once (it was rebuilt per input). On 24 searches
-(benchmarks/results/notes-2026-11-26-search-speed.md) plans, plan texts, top-5 prices and
-counts are unchanged. CPU seconds, main -> this, interleaved, h100-node: 24 unrolled blocks
-28.2-31.2 -> 23.9-26.4 (32.4-33.8 -> 26.6-27.4 at load average 5-7). The issue's 20 s is not
-reached: what is left is propagation (about a third) and the partitioner's trace (a quarter).
-(4): propagation memoises what a visit writes (engine.py ``_plan``, ops next to seeds excepted),
-``can_add`` on a bare value is memoised, the tables read interned keys: 24 unrolled blocks about
-24.0-25.7 -> 21.7-23.4 CPU s; same results on 13 searches (the note above). 20 s: still not reached.
-(5): the search runs with young garbage collections only (collector.py: full collections walked
-the search's live tables about 20 times, ~7 of ~24 CPU s); propagation's sweep takes the ops that
-may want a visit from a heap; the tables memoise an op's rows; a state's decisions are the union
-of its classes' memoised answers (decide.py). 24 unrolled blocks: see
-benchmarks/results/notes-2026-11-26-search-speed.md (5).
+Speed, same results: what the search repeats is memoised. Propagation starts with every op
+clean (only ops a seed or a change reaches are visited), interns each value's key per graph
+and memoises each visit's projection and record (propagation/engine.py's ``_Memo``); a state's
+decisions and seeds are memoised (decide.py); a state the tables ranked once is never
+propagated again for them (its propagation is kept, with the last ``KEEP_PROPAGATIONS``, for
+pricing); the combiner checks cycles on group dependency bitsets (program/combine.py); the
+search runs with young garbage collections only (collector.py).
+tests/search/test_search_speed.py checks that each gives the results of the plain code; the
+measurements are in docs/performance.md's appendix.
 
 Incremental pre-screen (``INCREMENTAL``, off by default): a neighbour the tables rank is
 propagated from the kept exact propagation of the largest state it extends, by
 ``Propagation.extend`` (only the ops its new seeds reach are visited and re-recorded); a
 priced candidate is always propagated afresh. An extended propagation is not always the
-fresh one (about 3 in 4 are on tests/models.py's programs: a fresh run lets the new seeds
-claim dims before the base's seeds reach them at a higher op level), so the ranking, and with
-it which candidates get priced, can change: on tests/models.py's programs the plans and the
-best five candidates are the same without the runners-up's climbs (with them, block_grad's
-plan differs; tests/search/test_auto_incremental.py), but on the
-GSPMD paper's DenseLm layer it returns a plan predicted 0.6% slower (13.19 vs 13.11 ms on 128
-TPU v3 cores), and its gain here is within the machine's noise for a block (2.0-2.2 s either
-way) and about 1.3x for the scanned stack. Off, so that results stay those of the full search.
+fresh one (a fresh run lets the new seeds claim dims before the base's seeds reach them at a
+higher op level), so the ranking, and with it which candidates get priced, can change
+(tests/search/test_auto_incremental.py). Off, so that results stay those of the full search.
 
 Budgets. The search stops after ``max_evaluations`` candidate states (those priced plus those
 the tables ranked): a count, so the result depends only on the program, the hardware and the

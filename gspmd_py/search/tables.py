@@ -23,7 +23,8 @@ inside a loop body counts its trip count (scan ``length``; a while loop once).
 
 The sum over terms is ``table_sums``: a plain loop over (candidate, term) written once,
 run as Python, or compiled with ``numba.njit(cache=True)`` when numba is importable and the
-search has summed enough that it pays (``NUMBA_MIN_PAIRS``; measured below). The tables rank
+search has summed enough that it pays (``NUMBA_MIN_PAIRS``; the measurements are in
+docs/performance.md's appendix). The tables rank
 candidates; the traced pricer (price.py) stays authoritative for every score the search
 keeps.
 
@@ -32,28 +33,6 @@ body's outputs (partitioner/partial.py's ``linearity``: a gradient accumulated i
 is reduced once after the loop, and its latency counts so. Latencies of independent
 collectives (values no matmul depends on: gradient syncs) count once per (kind, axes), as the
 combiner issues them; the others once per collective.
-
-Measured (``python -m benchmarks --only auto``, benchmarks/results/auto.md; 2 shared cores,
-(2, 4) mesh of CPU devices, calibrated hardware; each search run without and with the
-pre-screen in the same run)::
-
-    program                                without tables          with tables              predicted
-    transformer block training step        9.0 s (235 programs)    2.3 s (21 + 197 ranked)  2.1 ms, same plan
-    scanned 24-layer stack training step   8.3 s (98)              4.1 s (18 + 161)         55.7 ms, same plan
-    24 unrolled blocks training step       123.5 s (budget, 73)    96.7 s (21 + 155)        42.8 ms, same plan
-    reference programs, calibrated and h100-node (10 searches): 1.4-4.1x faster, every plan the
-    same or of equal predicted step; DenseLm on 128-2,048 TPU v3 cores: the same steps in 2-4 s
-    (40 candidates) where the search took 9-10 s (481-588)
-
-After the pre-screen, propagating the neighbours (10-15 ms each for a block, 0.5 s for 24
-blocks) is most of a search; the tables themselves (``indices``: about 1 ms per candidate for
-a block) and their sums are not. The kernel, Python against numba, by size (same sums,
-bit for bit): 739 terms x 8 candidates 1.2 ms / 13.5 us; 18,000 x 8 58 ms / 0.41 ms; 18,000
-x 64 385 ms / 3.5 ms; 100,000 x 64 7.3 s / 25 ms. numba's first compiled call in a fresh
-process costs 0.56 s (compile) or 0.38 s (cached load): one call pays for it from about 10^6
-(candidate, term) pairs. A block's whole search sums about 1.5 x 10^5 pairs (numba never pays
-there and is not loaded), 24 unrolled blocks (20,519 terms) about 3.2 x 10^6 (it loads
-after 2 x 10^6: about break-even); it pays for graphs of 10^5 terms and more.
 """
 from __future__ import annotations
 
