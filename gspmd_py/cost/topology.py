@@ -121,7 +121,7 @@ class PerAxis:
 Topology = Union[Switched, Torus, PerAxis]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)  # (chip count, torus dims), and their divisors' on the way
 def _box(n: int, dims: int) -> tuple[int, ...]:
     """The most nearly square/cubic shape of ``dims`` factors of ``n`` (largest first)."""
     if dims == 1:
