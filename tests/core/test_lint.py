@@ -12,6 +12,7 @@ import ast
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +51,10 @@ def _read_names(tree: ast.AST, out: set[str]) -> None:
                 out.update(text.split("."))
             elif "import" in text or "(" in text:  # a script run in a subprocess
                 try:
-                    _read_names(ast.parse(text), out)
+                    with warnings.catch_warnings():  # a regex in the text: "invalid escape sequence"
+                        warnings.simplefilter("ignore")
+                        script = ast.parse(text)
+                    _read_names(script, out)
                 except SyntaxError:  # a piece of an f-string: "from m import f; f("
                     for m in re.finditer(r"import\s+([\w, ]+)", text):
                         out.update(IDENT.findall(m.group(1)))
