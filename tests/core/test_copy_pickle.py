@@ -17,7 +17,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import gspmd_py as gp
 import gspmd_py.testing as gpt
@@ -118,9 +118,11 @@ def _collectives(draw, mesh):
 
 
 def _spmd(mesh):
-    return st.tuples(_specs(mesh, 2), st.sampled_from([(), (0,)]), st.sampled_from([None, 0, 1 << 20])).map(
+    tactics = st.sampled_from([None, [gp.tactics.zero(mesh.axis_names[-1], argnums=(1, 2))]])
+    return st.tuples(_specs(mesh, 2), st.sampled_from([(), (0,)]), st.sampled_from([None, 0, 1 << 20]), tactics,
+                     st.one_of(st.none(), _hardware())).map(
         lambda t: gp.spmd(mlp, mesh, in_shardings=(t[0], None, None), donate_argnums=t[1],
-                          combine_threshold_bytes=t[2]))
+                          combine_threshold_bytes=t[2], tactics=t[3], hardware=t[4]))
 
 
 # class -> (strategy of instances on a drawn mesh, what it does: compared before and after)
@@ -201,7 +203,6 @@ def test_every_public_class_has_examples():
 
 
 @pytest.mark.parametrize("cls", list(EXAMPLES), ids=lambda c: c.__qualname__)
-@settings(max_examples=6)
 @given(data=st.data())
 def test_value_round_trips(world, cls, data):
     mesh = data.draw(gpt.meshes(max_axes=2), label="mesh")
