@@ -150,7 +150,8 @@ class Spmd:
         """Pickled as the gp.spmd call that makes it (``fn`` as pickle takes functions: by
         reference); the loaded function builds its plans on first use."""
         sig = self._sig
-        options = dict(static_argnums=tuple(sorted(sig.static_argnums)), static_argnames=tuple(sorted(sig.static_argnames)),
+        options = dict(static_argnums=tuple(sorted(sig.static_argnums)),
+                       static_argnames=tuple(sorted(sig.static_argnames)),
                        donate_argnums=tuple(sorted(sig.donate_argnums)),
                        combine_threshold_bytes=self.combine_threshold_bytes, tactics=self.tactics,
                        hardware=self.shaping.hardware, collective_matmul_bytes=self.shaping.collective_matmul_bytes)

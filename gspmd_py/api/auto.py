@@ -73,7 +73,8 @@ class AutoResult:
 
     def __deepcopy__(self, memo) -> "AutoResult":
         """Its fields deep-copied (the plan and the gp.spmd function are themselves, as copies)."""
-        return attrs.evolve(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in attrs.fields(AutoResult)})
+        fields = attrs.fields(AutoResult)
+        return attrs.evolve(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields})
 
     def __reduce__(self):
         raise NotPicklableError(

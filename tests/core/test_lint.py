@@ -88,7 +88,8 @@ def unused_functions(root: Path, folders=FOLDERS, overrides=OVERRIDES) -> list[s
 
 def test_no_function_is_defined_and_never_used():
     dead = unused_functions(ROOT)
-    assert not dead, "functions nothing calls (delete them, or list a library override in OVERRIDES):\n" + "\n".join(dead)
+    assert not dead, ("functions nothing calls (delete them, or list a library override in OVERRIDES):\n"
+                      + "\n".join(dead))
 
 
 def test_the_finder_sees_a_dead_function(tmp_path):

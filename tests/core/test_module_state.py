@@ -93,7 +93,8 @@ def module_state(package: Path, also_written_by=()) -> set[str]:
                     found.update(f"{stem}.{n}" for n in node.names)
                 elif isinstance(node, ast.Call) and ast.unparse(node.func) in SWITCHES or (
                         isinstance(node, ast.Assign) and any(
-                            isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ" for t in node.targets)):
+                            isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"
+                            for t in node.targets)):
                     found.add(f"{stem}.{fn.name}")
     return found
 
