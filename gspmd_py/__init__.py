@@ -6,10 +6,10 @@
     out = f(x, w)               # global jax.Arrays, laid out as planned
     print(f.plan(x, w).report())
 """
-from .errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshError, PartitionWarning, ShardingError,
-                     HardwareError, SpecError, TileAssignmentError, UnsupportedOpError)
-from .mesh import AxisRef, Mesh
-from .sharding import P, Sharding
+from .core.errors import (AnnotationError, ArgumentError, DeletedArrayError, MeshError, PartitionWarning, ShardingError,
+                          HardwareError, SpecError, TileAssignmentError, UnsupportedOpError)
+from .core.mesh import AxisRef, Mesh
+from .core.sharding import P, Sharding
 from .frontend.annotate import annotate, mesh_split, tag
 from .api.api import Plan, Spmd, spmd
 from .frontend.rules import Rules, rules

@@ -69,12 +69,12 @@ from jax.extend.core import ClosedJaxpr
 
 from .frontend import shifts
 from .frontend.constraints import outside_user_mesh
-from .errors import AnnotationError
-from .ir import Graph, Value, eliminate_dead_code
+from .core.errors import AnnotationError
+from .core.ir import Graph, Value, eliminate_dead_code
 from .runtime.layout import layout_notes, own_mesh
-from .mesh import Mesh
+from .core.mesh import Mesh
 from .program import combine as combiner
-from .fine_mesh import FineMesh
+from .core.fine_mesh import FineMesh
 from .partitioner.passes import Partitioned, index_program, partition_graph
 from .partitioner.passes import reindex as reindex_program
 from .views.pass_check import PassRun

@@ -28,20 +28,20 @@ import jax
 from jax.extend.core import ClosedJaxpr
 from jax.sharding import PartitionSpec as JP
 
-from .errors import AnnotationError, NotPicklableError, ShardingError
-from .ir import Graph, Value
-from .mesh import Mesh
+from .core.errors import AnnotationError, NotPicklableError, ShardingError
+from .core.ir import Graph, Value
+from .core.mesh import Mesh
 from .program.combine import DEFAULT_THRESHOLD_BYTES
 from .program.collective import Collective
 from .partitioner.diagnostics import Diagnostics, Fallback
-from .fine_mesh import FineMesh
+from .core.fine_mesh import FineMesh
 from .partitioner.program import OpPlan, boundary_out_dims
 from .program.program_index import ProgramIndex
 from .partitioner.pvalue import FineDims, ceil_div, local_shape, shards
 from .partitioner.shaping import Shaping
 from .propagation import Propagation
 from .runtime.layout import fine_spec
-from .sharding import Sharding
+from .core.sharding import Sharding
 
 
 def _read_only(m: Mapping) -> Mapping:

@@ -32,10 +32,10 @@ from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..runtime.executable import Executable
 from ..runtime.placed import logical_shape, unpad
-from ..errors import ArgumentError, ShardingError, SpecError
+from ..core.errors import ArgumentError, ShardingError, SpecError
 from ..compiler import Dims, gc_paused, plan_jaxpr
-from ..ir import Value
-from ..mesh import Mesh
+from ..core.ir import Value
+from ..core.mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
 from ..frontend.batch_axes import duplicate_axis_error

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax import core as jcore
 
-from ..errors import ArgumentError, short_repr
+from ..core.errors import ArgumentError, short_repr
 from ..runtime.placed import logical_shape
 
 _SCALARS = (bool, int, float, complex)

@@ -44,9 +44,9 @@ from typing import Any, Callable, Optional
 import attrs
 import jax
 
-from ..errors import NotPicklableError
-from ..mesh import Mesh
-from ..sharding import P
+from ..core.errors import NotPicklableError
+from ..core.mesh import Mesh
+from ..core.sharding import P
 from ..search.optimizer import SearchResult
 
 
@@ -156,7 +156,7 @@ def _check_call(fn, mesh, hardware) -> Mesh:
     """``gp.auto_shard``'s function, mesh (a jax.sharding.Mesh converted) and hardware checked
     before the search reads them."""
     from ..cost import Hardware
-    from ..errors import HardwareError, ShardingError, short_repr
+    from ..core.errors import HardwareError, ShardingError, short_repr
 
     if not callable(fn):
         raise ShardingError(f"gp.auto_shard: first argument must be the function, got {type(fn).__name__}")
@@ -211,7 +211,7 @@ def _fallback(result: SearchResult, error: BaseException, fn, mesh, in_shardings
     """The search's chosen plan failed to build: the next candidates (``result.top``, best
     first) replayed as decisions, the first that builds kept. (result, Spmd, plan, what happened)."""
     from .api import Spmd
-    from ..errors import ShardingError, first_line as said
+    from ..core.errors import ShardingError, first_line as said
     from ..search.tactics import Decided
 
     failed = [f"{result.best.text} ({said(error)})"]
@@ -242,7 +242,7 @@ def _largest_bytes(args) -> int:
     """The largest argument's bytes: about the largest collective the program can move."""
     import numpy as np
 
-    from .. import dtypes
+    from ..core import dtypes
 
     out = 0
     for x in jax.tree_util.tree_leaves(args):

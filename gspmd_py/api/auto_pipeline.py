@@ -29,9 +29,9 @@ from typing import Callable, Optional, Sequence
 
 import attrs
 
-from ..errors import ShardingError, first_line as _said
+from ..core.errors import ShardingError, first_line as _said
 from ..frontend.pipeline import OpenPipeline, Schedule
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 from ..search.result import MemoryLimitError
 
 MICROBATCH_FACTORS = (1, 2, 4)  # microbatches M = k * S per schedule tried

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 from ..runtime.layout import staged_sharding, user_jax_mesh
 
 

@@ -28,8 +28,8 @@ from typing import Callable, Optional, Sequence
 import attrs
 import numpy as np
 
-from ..errors import HardwareError, MeshError
-from ..mesh import Mesh
+from ..core.errors import HardwareError, MeshError
+from ..core.mesh import Mesh
 
 
 @attrs.frozen

@@ -39,14 +39,14 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Primitive
 
-from .. import jax_compat as compat
-from ..jax_compat import ad, batching, mlir, pe
+from ..core import jax_compat as compat
+from ..core.jax_compat import ad, batching, mlir, pe
 
-from ..errors import ShardingError
+from ..core.errors import ShardingError
 from . import explicit
 from ..frontend.batch_axes import check_batch_axes
 from ..runtime.layout import own_mesh
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 
 
 @attrs.frozen

@@ -53,8 +53,8 @@ from typing import Callable, Optional, Sequence
 import attrs
 import numpy as np
 
-from ..errors import ShardingError
-from ..mesh import Mesh
+from ..core.errors import ShardingError
+from ..core.mesh import Mesh
 from .collectives import collective_time
 from .topology import Level, Link, PerAxis
 

@@ -58,8 +58,8 @@ from typing import Mapping, Optional, Sequence
 import attrs
 import numpy as np
 
-from ..errors import HardwareError, ShardingError
-from ..mesh import Mesh
+from ..core.errors import HardwareError, ShardingError
+from ..core.mesh import Mesh
 from .calibrate import LARGE_BUDGET_S, SIZES, Measured, measure
 from .collectives import collective_time
 from .topology import Level, Link, PerAxis, Switched, Topology, Torus
@@ -178,7 +178,7 @@ def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
     """Device ids of the first group of a collective over ``axes`` (sub-axes allowed), in
     group order: the devices whose coordinates on every other (sub-)axis are device 0's
     (index_math's device groups over the mesh with the axes split where the sub-axes need)."""
-    from ..fine_mesh import FineMesh
+    from ..core.fine_mesh import FineMesh
     from ..halo_tables import device_groups
 
     refs = [mesh.ref(a) for a in axes]

@@ -29,7 +29,7 @@ from typing import Optional
 import attrs
 import jax
 
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 from .hardware import Hardware
 
 KINDS = (("h100", "h100-node"), ("a100", "a100-node"), ("tpu v3", "tpu-v3"), ("tpu v4", "tpu-v4"))

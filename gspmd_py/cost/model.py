@@ -43,8 +43,8 @@ import attrs
 import numpy as np
 from jax.extend.core import Literal
 
-from ..errors import HardwareError
-from ..mesh import Mesh
+from ..core.errors import HardwareError
+from ..core.mesh import Mesh
 from ..ops import facts as F
 from ..ops import facts_of
 from ..program.collective import Collective

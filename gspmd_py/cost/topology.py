@@ -12,7 +12,7 @@ from typing import Optional, Union
 import attrs
 import numpy as np
 
-from ..errors import ShardingError
+from ..core.errors import ShardingError
 
 
 @attrs.frozen

@@ -21,10 +21,10 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .. import jax_compat as compat
-from ..errors import AnnotationError, SpecError
-from ..mesh import Mesh
-from ..sharding import Sharding, entry_axes, spec_of
+from ..core import jax_compat as compat
+from ..core.errors import AnnotationError, SpecError
+from ..core.mesh import Mesh
+from ..core.sharding import Sharding, entry_axes, spec_of
 
 # source locations in messages should point at the user's code, not at gspmd_py's
 compat.exclude_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional, Sequence
 
-from ..errors import ArgumentError
+from ..core.errors import ArgumentError
 
 _DUPLICATE = re.compile(r"duplicate entries for `([^`]+)`")
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import jax_compat as compat
+from ..core import jax_compat as compat
 
 
 def is_batched(params: dict) -> bool:

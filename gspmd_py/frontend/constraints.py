@@ -28,8 +28,8 @@ from jax.sharding import PartitionSpec as JP
 
 from .annotate import OPEN, annotate_p
 from .manual import mesh_mismatch
-from ..errors import ShardingError, SpecError
-from ..mesh import Mesh
+from ..core.errors import ShardingError, SpecError
+from ..core.mesh import Mesh
 
 ORIGIN = "jax.lax.with_sharding_constraint"
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional, Sequence
 
-from .. import jax_compat as compat
-from ..errors import AnnotationError, ShardingError, UnsupportedOpError
+from ..core import jax_compat as compat
+from ..core.errors import AnnotationError, ShardingError, UnsupportedOpError
 
 Dims = tuple[tuple[str, ...], ...]
 

@@ -57,8 +57,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .annotate import OPEN, annotate
-from ..dtypes import short_name
-from ..errors import ArgumentError, short_repr
+from ..core.dtypes import short_name
+from ..core.errors import ArgumentError, short_repr
 
 # the identity on a pipeline's result, carrying its schedule (plan.report() prints it)
 pipeline_p = Primitive("gspmd_pipeline")

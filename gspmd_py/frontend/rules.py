@@ -26,8 +26,8 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from ..errors import SpecError, short_repr
-from ..sharding import P, Sharding
+from ..core.errors import SpecError, short_repr
+from ..core.sharding import P, Sharding
 
 _UNMATCHED = ("error", "warn", "ignore")
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from ..ir import Graph, Op, Value
+from ..core.ir import Graph, Op, Value
 
 rotate_p = Primitive("gspmd_rotate")
 rotate_p.def_impl(lambda x, *, axis, shift: jnp.roll(x, shift, axis))

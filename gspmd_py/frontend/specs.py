@@ -25,10 +25,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as JP
 
 from .annotate import OPEN
-from ..errors import AnnotationError, SpecError, short_repr
-from ..mesh import AxisRef, Mesh
+from ..core.errors import AnnotationError, SpecError, short_repr
+from ..core.mesh import AxisRef, Mesh
 from .rules import Rules, is_spec, slash_path
-from ..sharding import Sharding, named_spec
+from ..core.sharding import Sharding, named_spec
 
 _tu = jax.tree_util
 
@@ -37,7 +37,7 @@ def type_text(x) -> str:
     """``f32[4,8]`` for an array-like, else the type's name."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         try:
-            from ..ir import Value
+            from ..core.ir import Value
 
             return Value(0, tuple(x.shape), x.dtype).type_str
         except Exception:  # pragma: no cover

@@ -34,10 +34,10 @@ import numpy as np
 
 from .annotate import annotate_p, spec_entries
 from .constraints import CONSTRAINTS, as_annotation, put_layout, tracing_mesh
-from .. import dtypes, jax_compat as compat
-from ..errors import ShardingError
+from ..core import dtypes, jax_compat as compat
+from ..core.errors import ShardingError
 from . import batched_while, manual, shifts
-from ..ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
+from ..core.ir import Graph, IdGen, Op, Value, eliminate_dead_code, new_value
 
 INLINE = compat.CALL_PRIMITIVES | {"spmd_call"}
 REMAT = {"remat", "remat2", "checkpoint"}

@@ -17,7 +17,7 @@ propagation, the partitioner and the cost model see one contract for a loop::
 """
 from __future__ import annotations
 
-from ..jax_compat import scan_counts
+from ..core.jax_compat import scan_counts
 from . import facts as F
 from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, OpRule, RuleBuilder

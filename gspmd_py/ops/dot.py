@@ -8,7 +8,7 @@ reduced value). Propagation prefers batch factors, then the larger operand's fac
 """
 from __future__ import annotations
 
-from ..dtypes import is_bool
+from ..core.dtypes import is_bool
 from . import facts as F
 from .registry import declare, register
 from .rule import DOT, REDUCTION, OpRule, RuleBuilder

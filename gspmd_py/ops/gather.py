@@ -28,7 +28,7 @@ gradient is partial over their axes (reduce-scattered where it is wanted sharded
 """
 from __future__ import annotations
 
-from ..dtypes import is_bool
+from ..core.dtypes import is_bool
 from . import facts as F
 from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, PASS, REDUCTION, OpRule, RuleBuilder

@@ -20,7 +20,7 @@ keep the ragged and group factors whole (the other factors shard as a dot's do),
 """
 from __future__ import annotations
 
-from ..dtypes import is_bool
+from ..core.dtypes import is_bool
 from . import facts as F
 from .registry import declare, register
 from .replicated import whole

@@ -14,7 +14,7 @@
 """
 from __future__ import annotations
 
-from .. import dtypes
+from ..core import dtypes
 from . import facts as F
 from .registry import declare, register
 from .rule import NEED_REPLICATION, OTHER, PASS, PREFIX, REDUCTION, OpRule, RuleBuilder

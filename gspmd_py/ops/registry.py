@@ -17,7 +17,7 @@ from typing import Callable, Hashable, Optional
 
 import attrs
 
-from ..errors import UnsupportedOpError
+from ..core.errors import UnsupportedOpError
 from .facts import UNKNOWN, OpFacts
 from .refused import reason
 from .rule import HANDLER_NAMES, OpRule, whole

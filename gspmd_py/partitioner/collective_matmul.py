@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
+from ..core import dtypes
 from . import hierarchy
 from .context import Ctx, pad_dim
 from .pvalue import PValue, ceil_div

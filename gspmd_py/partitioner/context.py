@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..dtypes import is_key
+from ..core.dtypes import is_key
 from .diagnostics import Diagnostics, Fallback, Held
-from ..fine_mesh import FineMesh
+from ..core.fine_mesh import FineMesh
 from .pvalue import FineDims, Partial, PValue, ceil_div, local_shape, shards
 from .shaping import Shaped, Shaping
 

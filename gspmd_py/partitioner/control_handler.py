@@ -19,8 +19,8 @@ from typing import Optional
 import numpy as np
 from jax import lax
 
-from .. import dtypes
-from ..jax_compat import scan_counts
+from ..core import dtypes
+from ..core.jax_compat import scan_counts
 from ..ops import facts as F
 from ..ops import facts_of
 from .context import Ctx

@@ -28,7 +28,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from .. import dtypes
+from ..core import dtypes
 from ..ops.rule import REDUCTION, WINDOW
 from .context import Ctx
 from .halo import window_geometry, window_segment

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes
+from ..core import dtypes
 from . import collective_matmul
 from .context import Ctx
 

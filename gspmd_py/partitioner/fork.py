@@ -31,8 +31,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 import attrs
 import numpy as np
 
-from .. import dtypes
-from ..ir import Graph
+from ..core import dtypes
+from ..core.ir import Graph
 from .partial import KEEP, carry_modes
 from .pvalue import FineDims, Partial
 

@@ -29,7 +29,7 @@ from typing import Iterable, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from ..mesh import AxisRef, Mesh
+from ..core.mesh import AxisRef, Mesh
 from .shaping import Shaped
 
 MAX_ATOMS = 4  # every ordered partition up to this many fine axes; beyond it one split each

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import jax_compat as compat
+from ..core import jax_compat as compat
 from jax import lax
 
-from ..dtypes import additive_identity
+from ..core.dtypes import additive_identity
 from .context import Ctx
 from .fallback import say_if_sharded
 from .registry import handler

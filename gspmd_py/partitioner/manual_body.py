@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Literal
 
-from .. import jax_compat as compat
-from ..errors import UnsupportedOpError
+from ..core import jax_compat as compat
+from ..core.errors import UnsupportedOpError
 
 AxisMap = Mapping[str, tuple[str, ...]]
 _CASTS = ("pvary", "pcast", "pbroadcast")

@@ -16,7 +16,7 @@ region op's scope: ``plan.collectives`` and the cost model read them as any othe
 from __future__ import annotations
 
 from ..frontend import manual as spec
-from ..jax_compat import open_jaxpr
+from ..core.jax_compat import open_jaxpr
 from .context import Ctx
 from .manual_body import run_body
 from .registry import handler

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
+from ..core import dtypes
 from ..ops import facts as F
 from ..ops import facts_of
 from . import hierarchy

@@ -14,13 +14,13 @@ import attrs
 import jax
 from jax.extend.core import ClosedJaxpr
 
-from ..ir import Graph
-from ..mesh import Mesh
+from ..core.ir import Graph
+from ..core.mesh import Mesh
 from ..propagation import Propagation
-from ..sharding import Sharding
+from ..core.sharding import Sharding
 from .context import Ctx
 from .diagnostics import Diagnostics
-from ..fine_mesh import FineMesh
+from ..core.fine_mesh import FineMesh
 from .hierarchy import link_refs
 from .program import OpPlan, build_body, fine_plan, op_label
 from ..program.program_index import ProgramIndex

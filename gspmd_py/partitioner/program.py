@@ -30,15 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
-from ..errors import PartitionWarning
-from ..ir import Graph, Op
+from ..core import dtypes
+from ..core.errors import PartitionWarning
+from ..core.ir import Graph, Op
 from ..ops.rule import NEED_REPLICATION, OpRule
 from ..propagation.projection import Projection
 from . import collective_matmul, fork, registry
 from .context import Ctx
 from .diagnostics import Diagnostics
-from ..fine_mesh import FineMesh
+from ..core.fine_mesh import FineMesh
 from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept
 from .pvalue import FineDims, Partial, PValue, shards
 from .reshard import reshard

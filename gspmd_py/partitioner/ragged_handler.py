@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
+from ..core import dtypes
 from ..ops.ragged import BATCH, CONTRACTING, NONCONTRACTING, mode, shardable
 from .context import Ctx
 from .fallback import say_if_sharded

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import jax_compat as compat
+from ..core import jax_compat as compat
 from .context import Ctx
 from .fallback import replicated
 from .registry import handler

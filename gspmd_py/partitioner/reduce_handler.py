@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
+from ..core import dtypes
 from ..ops.reduce import REDUCERS
 from .context import Ctx, dyn_slice_dim
 

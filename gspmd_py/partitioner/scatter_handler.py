@@ -30,7 +30,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .. import dtypes
+from ..core import dtypes
 from ..ops.gather import additive, dropping, one_row_dims
 from .context import Ctx
 from .partial import accumulate, join

@@ -24,7 +24,7 @@ from typing import Optional
 
 import attrs
 
-from ..errors import HardwareError
+from ..core.errors import HardwareError
 
 
 def _threshold(inst, attr, value) -> None:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
+from ..core import dtypes
 from ..ops import facts_of
 from ..ops.rule import PASS, REDUCTION, WINDOW
 from .context import Ctx

@@ -43,7 +43,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
-from .. import jax_compat as compat
+from ..core import jax_compat as compat
 from ..ops import facts_of
 from . import variadic
 from .program_index import Body, EqnIndex, ProgramIndex, equations_of

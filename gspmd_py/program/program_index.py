@@ -46,11 +46,11 @@ import attrs
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
-from ..dtypes import itemsize
+from ..core.dtypes import itemsize
 from ..ops import facts as F
 from ..ops import facts_of
 from .collective import Collective
-from ..fine_mesh import FineMesh
+from ..core.fine_mesh import FineMesh
 
 Path = tuple[int, ...]
 _SCOPE = re.compile(r"(?:^|/)(op(\d+)|combined([\d,]+)|boundary)(?:/|$)")

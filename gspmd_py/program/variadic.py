@@ -20,7 +20,7 @@ transformation rules: nothing differentiates or batches that program).
 from __future__ import annotations
 
 from jax import lax
-from ..jax_compat import core, mlir
+from ..core.jax_compat import core, mlir
 from jax.extend.core import Primitive
 
 _COLLECTIVES = {"psum": lax.psum, "pmax": lax.pmax, "pmin": lax.pmin}

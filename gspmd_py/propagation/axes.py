@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Optional, Sequence
 
-from ..mesh import AxisRef, Mesh
+from ..core.mesh import AxisRef, Mesh
 
 Axes = tuple[AxisRef, ...]
 

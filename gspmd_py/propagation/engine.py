@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 
 import attrs
 
-from ..ir import Graph, Op, Value
-from ..mesh import AxisRef, Mesh
+from ..core.ir import Graph, Op, Value
+from ..core.mesh import AxisRef, Mesh
 from ..ops import rule_for
 from ..ops.control import region_values
 from ..ops.rule import BROADCAST, NEED_REPLICATION, OpRule
@@ -505,7 +505,7 @@ class Propagation:
         return tuple(s.axes for s in st) if st else ((),) * v.rank
 
     def explain(self, v: Value, name: str) -> str:
-        from ..sharding import Sharding
+        from ..core.sharding import Sharding
 
         lines = [f"{name}: {v.type_str} sharded {Sharding.of(self.mesh, self.dims_of(v)).shardy()}"]
         st = self.state.get(v.id) or ([OPEN] * len(v.shape) if v.id in self.values else None)

@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 
 import attrs
 
-from ..mesh import AxisRef, Mesh
+from ..core.mesh import AxisRef, Mesh
 from ..ops.rule import NEED_REPLICATION, PASS, REDUCTION, OpRule
 from . import axes as ax
 

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ..errors import ArgumentError, DeletedArrayError
+from ..core.errors import ArgumentError, DeletedArrayError
 from .placed import MARK, logical_shape, mark, unpad
 
 

@@ -26,10 +26,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..errors import SpecError
-from ..launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,
-                          ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID)  # re-exported
-from ..sharding import Sharding
+from ..core.errors import SpecError
+from ..core.launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,
+                               ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID)  # re-exported
+from ..core.sharding import Sharding
 
 _NO_CLUSTER = "coordinator_address should be defined"  # jax's message when nothing was detected
 

@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 from jax.sharding import NamedSharding
 
-from ..errors import ShardingError
+from ..core.errors import ShardingError
 from .boundary import Boundary
 from .layout import even_dims, staged_sharding
 from .plancheck import check_same_program

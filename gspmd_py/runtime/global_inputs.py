@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from .distributed import held_shards
-from ..errors import ShardingError, SpecError
+from ..core.errors import ShardingError, SpecError
 from ..frontend.specs import leaf_aval, leaf_specs
 
 
@@ -115,7 +115,7 @@ def place_global(plan, leaves: list) -> list:
     A leaf this process can address fully (numpy, a scalar, a local jax.Array) is the full
     global value, the same on every process; a jax.Array spread over processes is global.
     """
-    from ..errors import MeshError
+    from ..core.errors import MeshError
 
     if not plan.jax_mesh.local_devices:
         raise MeshError(f"process {jax.process_index()} holds no device of {plan.mesh}: on a multi-process run "

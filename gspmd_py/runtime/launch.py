@@ -29,8 +29,8 @@ import threading
 import time
 from typing import IO, Optional, Sequence
 
-from ..launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,
-                          ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+from ..core.launch_env import (ENV_COORDINATOR, ENV_CPU_COLLECTIVES, ENV_HEARTBEAT_TIMEOUT, ENV_INIT_TIMEOUT,
+                               ENV_LAUNCHER_PID, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
 
 _TAIL_LINES = 25     # lines of a failed process's output repeated in the summary
 _KILL_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long (JAX traps SIGTERM for preemption)

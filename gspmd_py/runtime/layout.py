@@ -26,8 +26,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from ..mesh import Mesh
-from ..fine_mesh import FineMesh
+from ..core.mesh import Mesh
+from ..core.fine_mesh import FineMesh
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ import hashlib
 
 import numpy as np
 
-from .. import jax_compat as compat
-from ..errors import ShardingError
+from ..core import jax_compat as compat
+from ..core.errors import ShardingError
 
 
 class ProgramMismatchError(ShardingError):

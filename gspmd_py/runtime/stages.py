@@ -23,7 +23,7 @@ from jax.extend.core import jaxpr_as_fun
 from jax.extend.core.primitives import jit_p
 from jax.sharding import NamedSharding
 
-from ..errors import ArgumentError, ShardingError
+from ..core.errors import ArgumentError, ShardingError
 from ..frontend.constraints import outside_user_mesh
 from ..partitioner.host_calls import raise_failures
 from .boundary import Boundary

@@ -17,7 +17,7 @@ import re
 
 import jax
 
-from ..sharding import P
+from ..core.sharding import P
 from .optimizer import bytes_text
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..jax_compat import scan_counts
+from ..core.jax_compat import scan_counts
 from .context import TacticContext, fair_split
 from .points import PointClass
 

@@ -12,8 +12,8 @@ from typing import Optional, Sequence
 
 import attrs
 
-from ..ir import Graph, Value
-from ..mesh import AxisRef, Mesh
+from ..core.ir import Graph, Value
+from ..core.mesh import AxisRef, Mesh
 from ..propagation import Seed
 
 # an uneven split (GSPMD pads the dim to a multiple of its shards) is one the search proposes

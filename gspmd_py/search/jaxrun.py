@@ -22,8 +22,8 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
-from ..ir import Graph
-from ..mesh import Mesh
+from ..core.ir import Graph
+from ..core.mesh import Mesh
 
 
 @attrs.frozen

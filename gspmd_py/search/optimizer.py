@@ -77,7 +77,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from ..errors import ShardingError
+from ..core.errors import ShardingError
 from .baselines import baseline_states
 from .collector import young_only
 from .decide import Decider

@@ -18,7 +18,7 @@ from typing import Optional
 
 import attrs
 
-from ..ir import Graph, Value
+from ..core.ir import Graph, Value
 from ..ops import facts_of
 from ..ops.elementwise import IDENTITY, NARY, UNARY
 from .context import TacticContext

@@ -13,14 +13,14 @@ from typing import Callable, Optional, Sequence
 import attrs
 
 from ..cost import CostInput, Hardware, cost
-from ..ir import Graph
+from ..core.ir import Graph
 from ..runtime.layout import own_mesh
 from ..frontend.constraints import outside_user_mesh
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 from ..program.combine import DEFAULT_THRESHOLD_BYTES, combine
 from ..partitioner.passes import index_program, partition_graph, reindex
 from ..propagation import Propagation, Seed
-from ..sharding import Sharding
+from ..core.sharding import Sharding
 
 
 @attrs.frozen

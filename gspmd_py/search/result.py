@@ -7,7 +7,7 @@ from typing import Optional
 
 import attrs
 
-from ..errors import ShardingError
+from ..core.errors import ShardingError
 from .points import PointClass
 from .price import Price
 

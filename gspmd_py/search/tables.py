@@ -41,8 +41,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..cost.rates import op_seconds, padded_shard_shape
-from ..ir import Graph, Op
-from ..mesh import Mesh
+from ..core.ir import Graph, Op
+from ..core.mesh import Mesh
 from ..ops import facts as F
 from ..ops import facts_of
 from ..program.reshard_plan import REDUCTIONS, plan_reshard

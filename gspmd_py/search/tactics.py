@@ -37,8 +37,8 @@ from typing import Optional, Sequence
 import attrs
 import numpy as np
 
-from ..errors import ShardingError, SpecError
-from ..mesh import AxisRef
+from ..core.errors import ShardingError, SpecError
+from ..core.mesh import AxisRef
 from .context import TacticContext, TacticRecord
 
 

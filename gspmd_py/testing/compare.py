@@ -23,7 +23,7 @@ import attrs
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes
+from ..core import dtypes
 
 EXACT, EXACT_UP_TO_ZERO_SIGN, INEXACT = 2, 1, 0
 EXACTNESS_NAMES = {EXACT: "bit-exact", EXACT_UP_TO_ZERO_SIGN: "exact up to the sign of zero", INEXACT: "within tolerance"}

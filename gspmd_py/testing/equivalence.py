@@ -30,11 +30,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from .. import dtypes
+from ..core import dtypes
 from ..api.api import spmd
-from ..errors import ArgumentTypeError
-from ..mesh import Mesh
-from ..sharding import entry_axes
+from ..core.errors import ArgumentTypeError
+from ..core.mesh import Mesh
+from ..core.sharding import entry_axes
 from . import compare
 from .reproducer import script
 from .strategies import arrays, meshes, shapes_like, shardings

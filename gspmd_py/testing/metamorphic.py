@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..api.api import spmd
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 from . import compare
 from .equivalence import compare_trees
 from .strategies import annotations, meshes

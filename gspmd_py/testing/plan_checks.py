@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from ..api.api import spmd
-from ..errors import ArgumentError, ArgumentTypeError
-from ..mesh import Mesh
+from ..core.errors import ArgumentError, ArgumentTypeError
+from ..core.mesh import Mesh
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 

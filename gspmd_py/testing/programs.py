@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 from ..frontend.annotate import annotate
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 from .compare import EXACT, EXACT_UP_TO_ZERO_SIGN, INEXACT
 from .strategies import fill, meshes, shardings
 

@@ -72,7 +72,7 @@ def _spmd_mesh(request):
     import jax
     import pytest
 
-    from ..mesh import Mesh
+    from ..core.mesh import Mesh
 
     shape, names = request.param
     need = 1

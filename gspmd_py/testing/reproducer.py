@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 
 
 def function_source(fn: Callable) -> tuple[str, str]:

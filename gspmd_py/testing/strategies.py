@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from .. import dtypes
-from ..errors import ArgumentError, MeshError, SpecError
+from ..core import dtypes
+from ..core.errors import ArgumentError, MeshError, SpecError
 from ..frontend.annotate import OPEN, annotate
-from ..mesh import Mesh
+from ..core.mesh import Mesh
 
 # mesh axis sizes, simplest first (shrinking moves towards the front)
 AXIS_SIZES = (2, 4, 1, 8, 3, 16, 5, 6)
@@ -148,7 +148,7 @@ def shardings(draw, shape: Sequence[int], mesh: Mesh, *, sub_axes: bool = True, 
         for a in chosen:
             free.remove(a)
         entries.append(chosen[0] if len(chosen) == 1 else tuple(chosen))
-    from ..sharding import P
+    from ..core.sharding import P
 
     return P(*entries)
 

@@ -15,8 +15,8 @@ import os
 from typing import Optional
 
 from . import report as rep
-from ..errors import ArgumentError
-from ..ir import Value
+from ..core.errors import ArgumentError
+from ..core.ir import Value
 from .visualize import Cell, TileGrid, color_of, tile_grid
 
 _CSS = """

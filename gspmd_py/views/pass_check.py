@@ -31,7 +31,7 @@ from typing import Any, Optional
 import attrs
 
 from . import pass_text
-from ..errors import ShardingError
+from ..core.errors import ShardingError
 from ..ops import facts_of
 
 DUMP_ENV = "GSPMD_PY_DUMP"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Optional
 
-from ..jax_compat import scan_counts
-from ..ir import Graph, Op, Value
+from ..core.jax_compat import scan_counts
+from ..core.ir import Graph, Op, Value
 from ..program.program_index import ProgramIndex
 
 #: primitive names JAX versions spell differently, to one spelling
@@ -83,7 +83,7 @@ def seeds_text(seeds) -> str:
 
 def propagation_text(graph: Graph, mesh, prop) -> str:
     """The graph with every value's sharding (Shardy's notation), as propagation left it."""
-    from ..sharding import Sharding
+    from ..core.sharding import Sharding
 
     return graph_text(graph, lambda v: Sharding.of(mesh, prop.dims_of(v)).shardy())
 
@@ -93,7 +93,7 @@ def _aval(v) -> str:
     shape = getattr(a, "shape", None)
     if shape is None:
         return "?"
-    from ..dtypes import short_name
+    from ..core.dtypes import short_name
 
     return f"{short_name(a.dtype)}[{','.join(str(int(s)) for s in shape)}]"
 

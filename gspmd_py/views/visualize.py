@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import attrs
 import numpy as np
 
-from ..sharding import Sharding
+from ..core.sharding import Sharding
 
 MAX_SIDE = 16
 

@@ -11,8 +11,8 @@ from jax import lax
 
 import gspmd_py as gp
 from gspmd_py import compiler
-from gspmd_py.fine_mesh import FineMesh
-from gspmd_py.sharding import Sharding
+from gspmd_py.core.fine_mesh import FineMesh
+from gspmd_py.core.sharding import Sharding
 
 P = gp.P
 MESH = gp.Mesh.abstract((2, 4), ("x", "y"))  # the passes need no devices

@@ -10,7 +10,7 @@ import pytest
 
 import gspmd_py as gp
 from gspmd_py import compiler
-from gspmd_py.fine_mesh import FineMesh
+from gspmd_py.core.fine_mesh import FineMesh
 from gspmd_py.program.program_index import ProgramIndex, Trips
 
 MESH = gp.Mesh.abstract((2, 4), ("x", "y"))

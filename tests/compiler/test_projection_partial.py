@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import gspmd_py as gp
 from gspmd_py import compiler
 from gspmd_py.partitioner.program import fine_plan
-from gspmd_py.fine_mesh import FineMesh
+from gspmd_py.core.fine_mesh import FineMesh
 from gspmd_py.propagation.projection import PartialResult
 
 MESH = gp.Mesh.abstract((2, 4), ("x", "y"))

@@ -10,7 +10,7 @@ import numpy as np
 import gspmd_py as gp
 from gspmd_py import compiler
 from gspmd_py.api.primitive import spmd_call_p
-from gspmd_py.sharding import Sharding
+from gspmd_py.core.sharding import Sharding
 
 P = gp.P
 MESH = gp.Mesh.abstract((2, 4), ("x", "y"))

@@ -21,7 +21,7 @@ from hypothesis import given, strategies as st
 
 import gspmd_py as gp
 import gspmd_py.testing as gpt
-from gspmd_py.errors import NotPicklableError
+from gspmd_py.core.errors import NotPicklableError
 
 P = gp.P
 S = jax.ShapeDtypeStruct

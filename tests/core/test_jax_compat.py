@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gspmd_py as gp
-from gspmd_py import jax_compat as compat
+from gspmd_py.core import jax_compat as compat
 
 PACKAGE = pathlib.Path(gp.__file__).parent
 

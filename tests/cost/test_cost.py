@@ -260,7 +260,7 @@ def test_calibrate_smoke():
 
 def test_combined_collective_is_priced_as_one():
     """The combiner's merged all-reduce (one psum under "combined<ids>") pays one alpha."""
-    from gspmd_py.fine_mesh import FineMesh
+    from gspmd_py.core.fine_mesh import FineMesh
     from gspmd_py.program.program_index import ProgramIndex
 
     mesh = gp.Mesh.abstract((4,), ("m",))

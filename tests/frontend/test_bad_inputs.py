@@ -314,7 +314,7 @@ def _run_script(tmp_path, text: str, *launcher: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("text, error", [
-    (_DONATED_AGAIN, "gspmd_py.errors.DeletedArrayError: <lambda>: argument arg0 float32[8, 8] has been deleted"),
+    (_DONATED_AGAIN, "gspmd_py.core.errors.DeletedArrayError: <lambda>: argument arg0 float32[8, 8] has been deleted"),
     (_FAILING_CALLBACK, "KeyError: 'no such row'"),
     (_FAILING_DEBUG_CALLBACK, "ZeroDivisionError: debug callback failed"),
 ], ids=["donated-again", "failing-callback", "failing-debug-callback"])

@@ -19,7 +19,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as JP
 
 import gspmd_py as gp
-from gspmd_py import jax_compat as compat
+from gspmd_py.core import jax_compat as compat
 from partition_util import MESH_SHAPES, assert_same, examples, kinds, mesh_of, rand, spec_for
 
 DTYPES = ("float32", "bfloat16", "int32")

@@ -228,7 +228,7 @@ def test_ctx_permute_counts_axes_in_the_order_given():
     """Ctx.permute's pairs index devices over ``axes`` in the order given (as Ctx.index does),
     although jax's ppermute linearises several axes in mesh order."""
     from gspmd_py.partitioner.context import Ctx
-    from gspmd_py.fine_mesh import FineMesh
+    from gspmd_py.core.fine_mesh import FineMesh
 
     mesh = gp.Mesh((2, 4), ("x", "y"))
     fine = FineMesh.build(mesh, [])

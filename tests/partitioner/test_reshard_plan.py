@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gspmd_py as gp
-from gspmd_py.ir import Graph
+from gspmd_py.core.ir import Graph
 from gspmd_py.partitioner import reshard as reshard_mod
 from gspmd_py.program.reshard_plan import Step, collective_steps, plan_reshard, steps_text
 from gspmd_py.search.tables import CostTables
