@@ -1,6 +1,7 @@
 """Index math: the NumPy definitions against the Numba kernels they replaced, and whether Numba pays.
 
-gspmd_py's tables (index_math.py, halo_tables.py) are one vectorised NumPy definition each.
+gspmd_py's tables (partitioner/index_math.py, partitioner/halo_tables.py, core/fine_mesh.py's
+device_groups) are one vectorised NumPy definition each.
 Until commit ``REF_COMMIT`` every table also had a loop kernel compiled by Numba; this
 benchmark loads those kernels from git (``git show REF_COMMIT:...``: no copy of them lives
 in the tree) into a scratch package, so the decision to drop them stays measurable:
@@ -80,8 +81,9 @@ def _mesh_for(k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def cases(k: int) -> dict[str, tuple[int, Callable[[str], Any]]]:
     """kernel -> (work, run(version)) at k shards; version: "np" (gspmd_py's definition),
     "py" (the old loop kernel, uncompiled) or "nb" (the old loop kernel under Numba)."""
-    from gspmd_py import halo_tables as ht
-    from gspmd_py import index_math as im
+    from gspmd_py.core import fine_mesh as fm
+    from gspmd_py.partitioner import halo_tables as ht
+    from gspmd_py.partitioner import index_math as im
 
     rim, rht = ref()
     n_in = 64 * k + 3
@@ -102,7 +104,7 @@ def cases(k: int) -> dict[str, tuple[int, Callable[[str], Any]]]:
                                     rim._shard_bounds_kernel, lambda: (I(1_000_000_007), I(k)))),
         "window_halos": (k * min(p[2], p[8]), version(lambda: im.window_halos(*wargs), lambda: rim.window_halos_nb(*wargs),
                                                       rim._window_halos_kernel, lambda: [I(v) for v in rim._window_params(*wargs)])),
-        "device_groups": (k, version(lambda: ht.device_groups(shape, axes), lambda: rht.device_groups_nb(shape, axes),
+        "device_groups": (k, version(lambda: fm.device_groups(shape, axes), lambda: rht.device_groups_nb(shape, axes),
                                      rht._device_groups_kernel, lambda: rht._mesh_args(shape, axes))),
         "fetch_rounds": (k * ((c + 4) // c + 2), version(lambda: ht.fetch_rounds(lo, hi, a, c), lambda: rht.fetch_rounds_nb(lo, hi, a, c),
                                                          rht._fetch_rounds_kernel, lambda: rht._fetch_args(lo, hi, a, c, None))),
@@ -166,13 +168,14 @@ def _fresh(args: list[str], repeats: int) -> dict[str, float]:
 
 def _swap_in_numba() -> Callable[[], None]:
     """Route the partitioner's table calls to REF_COMMIT's Numba kernels; returns the undo."""
-    from gspmd_py import halo_tables as ht
-    from gspmd_py import index_math as im
+    from gspmd_py.core import fine_mesh as fm
+    from gspmd_py.partitioner import halo_tables as ht
+    from gspmd_py.partitioner import index_math as im
 
     rim, rht = ref()
     saved = [(im, "window_halos", im.window_halos), (ht, "fetch_rounds", ht.fetch_rounds),
-             (ht, "device_groups", ht.device_groups)]
-    im.window_halos, ht.fetch_rounds, ht.device_groups = rim.window_halos_nb, rht.fetch_rounds_nb, rht.device_groups_nb
+             (fm, "device_groups", fm.device_groups)]
+    im.window_halos, ht.fetch_rounds, fm.device_groups = rim.window_halos_nb, rht.fetch_rounds_nb, rht.device_groups_nb
 
     def undo() -> None:
         for mod, name, fn in saved:

@@ -1,6 +1,9 @@
 """User-facing errors. Every error gspmd_py raises on bad input derives from ShardingError."""
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 
 class ShardingError(ValueError):
     """Base of every user-facing gspmd_py error."""
@@ -70,3 +73,15 @@ def first_line(e: BaseException, limit: int = 160) -> str:
     """An error said in one line: its type and the first line of its message (a skipped
     candidate or schedule in a search report)."""
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:limit]}"
+
+
+def as_int(x: Any, name: str, lo: int | None = None) -> int:
+    """``x`` as a Python int (an integer or an integer-like array scalar), at least ``lo``: a
+    TypeError or ValueError naming ``name`` otherwise (the index tables' argument check)."""
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {x!r}") from None
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+    return int(v)

@@ -5,7 +5,8 @@ and ``y:(2)2`` (y of size 4) runs on a JAX mesh where "y" is two axes ``y:0`` (m
 size 2) and ``y:1`` (minor, size 2); ``y`` itself becomes the tuple ``("y:0", "y:1")``.
 The device order is unchanged: splitting an axis row-major keeps every device where it was.
 A user's axis name cannot contain ':' (Mesh refuses it), so the fine names never collide
-with the user's.
+with the user's. ``device_groups`` lists the devices of each group of a collective over some
+axes of a mesh shape (the cost model's group ids; one NumPy definition, vectorised).
 
     >>> fm = FineMesh.build(Mesh((2, 4), ("x", "y")), [AxisRef("y", 1, 2)])
     >>> fm.names, fm.sizes
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
 
-from .errors import SpecError
+from .errors import SpecError, as_int
 from .mesh import AxisRef, Mesh
 
 
@@ -95,3 +97,51 @@ class FineMesh:
         if self.mesh.is_abstract:
             return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
         return jax.sharding.Mesh(self.mesh.jax_devices().reshape(sizes), names)
+
+
+# -- the device groups of a collective -----------------------------------------------------
+
+def _mesh_args(mesh_shape: Sequence[int], axes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    shape = [as_int(s, "mesh_shape entry", 1) for s in mesh_shape]
+    nd = len(shape)
+    ax = []
+    for a in axes:
+        a = as_int(a, "axis")
+        if not -nd <= a < nd:
+            raise ValueError(f"axis {a} out of range for a {nd}-d mesh {tuple(shape)}")
+        ax.append(a % nd)
+    if len(set(ax)) != len(ax):
+        raise ValueError(f"duplicate mesh axes in {tuple(axes)}")
+    return np.asarray(shape, dtype=np.int64).reshape(-1), np.asarray(ax, dtype=np.int64).reshape(-1)
+
+
+def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
+    """int64[num_groups, group_size]: the device groups of a collective over mesh ``axes``.
+
+    Devices are the row-major positions ``0 .. prod(mesh_shape)-1``. Row ``g`` lists the
+    devices sharing every coordinate outside ``axes``, ordered by their linear index over
+    ``axes`` taken in the order given (first = major); rows are ordered by the row-major
+    linear index of the remaining coordinates. ``axes=()`` gives one device per group.
+
+    >>> device_groups((2, 3), (1,)).tolist()          # along the minor axis
+    [[0, 1, 2], [3, 4, 5]]
+    >>> device_groups((2, 3), (0,)).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+    >>> device_groups((2, 3), (1, 0)).tolist()        # axis 1 major within the group
+    [[0, 3, 1, 4, 2, 5]]
+    """
+    shape, ax = _mesh_args(mesh_shape, axes)
+    nd = shape.size
+    strides = np.ones(nd, dtype=np.int64)
+    if nd:
+        strides[:-1] = np.cumprod(shape[::-1])[::-1][1:]
+    grp = set(ax.tolist())
+    rest = [d for d in range(nd) if d not in grp]
+
+    def lin(dims: Sequence[int]) -> np.ndarray:
+        pos = np.zeros(1, dtype=np.int64)
+        for d in dims:
+            pos = (pos[:, None] + np.arange(shape[d], dtype=np.int64)[None, :] * strides[d]).reshape(-1)
+        return pos
+
+    return lin(rest)[:, None] + lin(ax.tolist())[None, :]

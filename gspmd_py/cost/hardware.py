@@ -177,9 +177,8 @@ class Hardware:
 def group_ids(mesh: Mesh, axes: Sequence[str]) -> np.ndarray:
     """Device ids of the first group of a collective over ``axes`` (sub-axes allowed), in
     group order: the devices whose coordinates on every other (sub-)axis are device 0's
-    (index_math's device groups over the mesh with the axes split where the sub-axes need)."""
-    from ..core.fine_mesh import FineMesh
-    from ..halo_tables import device_groups
+    (the fine mesh's device groups over the mesh with the axes split where the sub-axes need)."""
+    from ..core.fine_mesh import FineMesh, device_groups
 
     refs = [mesh.ref(a) for a in axes]
     fine = FineMesh.build(mesh, refs)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import halo_tables, index_math
+from . import halo_tables, index_math
 from .context import Ctx, on_words
 from .pvalue import ceil_div
 

@@ -1,4 +1,5 @@
-"""Index math (index_math.py, halo_tables.py): each table == an independent brute-force
+"""Index math (partitioner/index_math.py, partitioner/halo_tables.py, core/fine_mesh.py's device
+groups): each table == an independent brute-force
 reference (per-row / per-device loops or a transpose of the device grid), on hypothesis
 shapes that do not divide evenly, empty dims, size-1 shards and meshes, the meshes (8,),
 (2, 4), (4, 2), (2, 2, 2) and abstract ones of 8,192 and 65,536 devices."""
@@ -12,8 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from gspmd_py import halo_tables
-from gspmd_py import index_math as im
+from gspmd_py.core import fine_mesh
+from gspmd_py.partitioner import halo_tables
+from gspmd_py.partitioner import index_math as im
 
 # ----------------------------------------------------------------------------------------
 # helpers
@@ -252,7 +254,7 @@ def _transposed_groups(shape, axes):
 @given(mesh_and_axes())
 def test_device_groups(ma):
     shape, axes = ma
-    g = halo_tables.device_groups(shape, axes)
+    g = fine_mesh.device_groups(shape, axes)
     assert g.dtype == np.int64
     np.testing.assert_array_equal(g, _brute_groups(shape, axes))
 
@@ -268,20 +270,20 @@ def test_device_groups_every_axis_subset(shape):
 
     for r in range(len(shape) + 1):
         for axes in itertools.permutations(range(len(shape)), r):
-            g = halo_tables.device_groups(shape, axes)
+            g = fine_mesh.device_groups(shape, axes)
             np.testing.assert_array_equal(g, _transposed_groups(shape, list(axes)), err_msg=str(axes))
             if len(shape) < 3 or max(shape) <= 2:
                 np.testing.assert_array_equal(g, _brute_groups(shape, axes), err_msg=str(axes))
 
 
 def test_device_groups_errors_and_negative_axes():
-    np.testing.assert_array_equal(halo_tables.device_groups((2, 4), (-1,)), halo_tables.device_groups((2, 4), (1,)))
+    np.testing.assert_array_equal(fine_mesh.device_groups((2, 4), (-1,)), fine_mesh.device_groups((2, 4), (1,)))
     with pytest.raises(ValueError):
-        halo_tables.device_groups((2, 4), (1, 1))
+        fine_mesh.device_groups((2, 4), (1, 1))
     with pytest.raises(ValueError):
-        halo_tables.device_groups((2, 4), (2,))
+        fine_mesh.device_groups((2, 4), (2,))
     with pytest.raises(ValueError):
-        halo_tables.device_groups((2, 0), (0,))
+        fine_mesh.device_groups((2, 0), (0,))
 
 
 # ----------------------------------------------------------------------------------------
@@ -289,19 +291,17 @@ def test_device_groups_errors_and_negative_axes():
 # ----------------------------------------------------------------------------------------
 
 def test_docstring_examples():
-    from gspmd_py import halo_tables
-
-    res = doctest.testmod(im, raise_on_error=False)
-    res2 = doctest.testmod(halo_tables, raise_on_error=False)
-    assert res.failed == 0 and res2.failed == 0 and res.attempted + res2.attempted > 6
+    results = [doctest.testmod(m, raise_on_error=False) for m in (im, halo_tables, fine_mesh)]
+    assert all(r.failed == 0 for r in results) and sum(r.attempted for r in results) > 6
 
 
 @pytest.mark.slow
 def test_import_and_index_math_do_not_load_numba():
     """The tables are NumPy only (Numba's 0.5 s load never paid back: index_math's header)."""
-    code = ("import sys, numpy as np, gspmd_py; from gspmd_py import index_math as m, halo_tables as h; "
+    code = ("import sys, numpy as np, gspmd_py; from gspmd_py.partitioner import index_math as m, halo_tables as h; "
+            "from gspmd_py.core.fine_mesh import device_groups; "
             "m.shard_bounds(5, 65536); m.window_halos(2 * 65536 + 3, 65536, 7, 2, 2, 3, 2, 2); "
-            "h.device_groups((256, 256), (1,)); a = np.arange(65536) * 4 - 2; "
+            "device_groups((256, 256), (1,)); a = np.arange(65536) * 4 - 2; "
             "h.fetch_rounds(np.maximum(a, 0), np.minimum(a + 8, 4 * 65536), a, 4); "
             "assert 'numba' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,71 +1,17 @@
-"""Plan-time tables of collectives, vectorised over all devices (one NumPy definition each,
-no Numba: see index_math's header for the measurement): device groups, and the halo
-planner's transfer rounds.
-
-    >>> device_groups((2, 3), (0,)).tolist()
-    [[0, 3], [1, 4], [2, 5]]
-"""
+"""The halo planner's transfer rounds, vectorised over all devices (one NumPy definition, no
+Numba: see index_math's header for the measurement)."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .index_math import I64, as_int
+from ..core.errors import as_int
+from .index_math import I64
 
 
 # ========================================================================================
-# 3. device_groups
-# ========================================================================================
-
-def _mesh_args(mesh_shape: Sequence[int], axes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    shape = [as_int(s, "mesh_shape entry", 1) for s in mesh_shape]
-    nd = len(shape)
-    ax = []
-    for a in axes:
-        a = as_int(a, "axis")
-        if not -nd <= a < nd:
-            raise ValueError(f"axis {a} out of range for a {nd}-d mesh {tuple(shape)}")
-        ax.append(a % nd)
-    if len(set(ax)) != len(ax):
-        raise ValueError(f"duplicate mesh axes in {tuple(axes)}")
-    return np.asarray(shape, dtype=I64).reshape(-1), np.asarray(ax, dtype=I64).reshape(-1)
-
-
-def device_groups(mesh_shape: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """int64[num_groups, group_size]: the device groups of a collective over mesh ``axes``.
-
-    Devices are the row-major positions ``0 .. prod(mesh_shape)-1``. Row ``g`` lists the
-    devices sharing every coordinate outside ``axes``, ordered by their linear index over
-    ``axes`` taken in the order given (first = major); rows are ordered by the row-major
-    linear index of the remaining coordinates. ``axes=()`` gives one device per group.
-
-    >>> device_groups((2, 3), (1,)).tolist()          # along the minor axis
-    [[0, 1, 2], [3, 4, 5]]
-    >>> device_groups((2, 3), (0,)).tolist()
-    [[0, 3], [1, 4], [2, 5]]
-    >>> device_groups((2, 3), (1, 0)).tolist()        # axis 1 major within the group
-    [[0, 3, 1, 4, 2, 5]]
-    """
-    shape, ax = _mesh_args(mesh_shape, axes)
-    nd = shape.size
-    strides = np.ones(nd, dtype=I64)
-    if nd:
-        strides[:-1] = np.cumprod(shape[::-1])[::-1][1:]
-    grp = set(ax.tolist())
-    rest = [d for d in range(nd) if d not in grp]
-
-    def lin(dims: Sequence[int]) -> np.ndarray:
-        pos = np.zeros(1, dtype=I64)
-        for d in dims:
-            pos = (pos[:, None] + np.arange(shape[d], dtype=I64)[None, :] * strides[d]).reshape(-1)
-        return pos
-
-    return lin(rest)[:, None] + lin(ax.tolist())[None, :]
-
-
-# ========================================================================================
-# 4. fetch_rounds (the halo planner's transfers)
+# fetch_rounds (the halo planner's transfers)
 # ========================================================================================
 
 class FetchRounds(NamedTuple):

@@ -19,40 +19,27 @@ entirely padding (empty). Worked examples::
         out rows [0, 5) [5, 10); input held [0, 5) [5, 10); read [0, 6) [4, 10)
         left_halo [0, 1], right_halo [1, 0], window_start [-1, 4]
 
-    device_groups((2, 3), (0,))  ->  [[0, 3], [1, 4], [2, 5]]   (a collective over axis 0)
     fetch_rounds(lo=[0, 3, 7, 11], hi=[5, 9, 13, 16], a=[-1, 3, 7, 11], c=4)
         rounds by shift [-1, +1]; round -1: device d receives from d-1 (sources [-1, 0, 1, 2])
 
 The other modules call :func:`shard_bounds`, :func:`window_halos` (partitioner/halo.py) and, in
-halo_tables.py, :func:`device_groups` (cost/hardware.py) and :func:`fetch_rounds` (partitioner/halo.py).
+halo_tables.py, :func:`fetch_rounds` (partitioner/halo.py). The device groups of a collective
+(``device_groups``, read by the cost model too) live with the execution mesh, core/fine_mesh.py.
 All outputs are int64 NumPy arrays; scalars in :func:`window_halos`'s dict are Python ints.
 """
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["shard_bounds", "window_halos", "as_int", "I64"]
+from ..core.errors import as_int
+
+__all__ = ["shard_bounds", "window_halos", "I64"]
 
 I64 = np.int64
 _I64_MAX = np.iinfo(np.int64).max
-
-
-# ----------------------------------------------------------------------------------------
-# argument helpers
-# ----------------------------------------------------------------------------------------
-
-def as_int(x: Any, name: str, lo: int | None = None) -> int:
-    try:
-        v = operator.index(x)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {x!r}") from None
-    if lo is not None and v < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {v}")
-    return int(v)
 
 
 def _ceil_div(a: int, b: int) -> int:
