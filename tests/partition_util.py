@@ -17,6 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import gspmd_py as gp
+from gspmd_py.core import dtypes
 
 MESH_SHAPES = [((8,), ("x",)), ((2, 4), ("x", "y")), ((4, 2), ("x", "y")), ((2, 2, 2), ("x", "y", "z"))]
 
@@ -78,7 +79,7 @@ def maybe(strategy, p_none: float = 0.3):
 
 def rand(shape, dtype=np.float32, seed: int = 0, *, low=-2.0, high=2.0):
     rng = np.random.default_rng(seed + 7919 * len(shape) + int(np.prod(shape, dtype=np.int64)))
-    if gp.dtypes.is_float(dtype):
+    if dtypes.is_float(dtype):
         return rng.uniform(low, high, size=shape).astype(dtype)
     if np.dtype(dtype) == np.bool_:
         return rng.integers(0, 2, size=shape).astype(np.bool_)
@@ -95,9 +96,9 @@ def assert_same(got, want, *, rtol=1e-5, atol=1e-5, what="output"):
         g = np.asarray(g)
         assert g.shape == w.shape, f"{what}[{i}]: shape {g.shape} != {w.shape}"
         assert g.dtype == w.dtype, f"{what}[{i}]: dtype {g.dtype} != {w.dtype}"
-        if gp.dtypes.is_inexact(w.dtype):  # bfloat16 / float8 too (NumPy does not call them inexact)
-            np.testing.assert_allclose(g.astype(np.float64) if gp.dtypes.is_float(w.dtype) else g,
-                                       w.astype(np.float64) if gp.dtypes.is_float(w.dtype) else w,
+        if dtypes.is_inexact(w.dtype):  # bfloat16 / float8 too (NumPy does not call them inexact)
+            np.testing.assert_allclose(g.astype(np.float64) if dtypes.is_float(w.dtype) else g,
+                                       w.astype(np.float64) if dtypes.is_float(w.dtype) else w,
                                        rtol=rtol, atol=atol, err_msg=f"{what}[{i}]")
         else:
             np.testing.assert_array_equal(g, w, err_msg=f"{what}[{i}]")
@@ -192,7 +193,7 @@ def bitwise_diff(got, want) -> str:
     g, w = np.atleast_1d(np.asarray(got)), np.atleast_1d(np.asarray(want))
     if g.dtype != w.dtype or g.shape != w.shape:
         return f"{g.dtype}{list(g.shape)} != {w.dtype}{list(w.shape)}"
-    if not gp.dtypes.is_float(w.dtype):
+    if not dtypes.is_float(w.dtype):
         bad = g != w
     else:
         g64, w64 = g.astype(np.float64), w.astype(np.float64)
@@ -225,9 +226,9 @@ def special_values(dtype, huge: bool = False) -> np.ndarray:
     """The values that break partitioners: 0, -0.0, +-inf, NaN, the smallest normal, and
     (``huge``) finite values near the dtype's max; integers: 0, +-1, min, max."""
     d = np.dtype(dtype)
-    if gp.dtypes.is_bool(d):
+    if dtypes.is_bool(d):
         return np.array([False, True])
-    if gp.dtypes.is_int(d):
+    if dtypes.is_int(d):
         ii = np.iinfo(d)
         return np.array([0, 1, ii.max, ii.min] + ([-1] if ii.min < 0 else []), d)
     fi = jax.numpy.finfo(d)
@@ -257,7 +258,7 @@ def fuzz_diff(got, want, exactness: int, tol: float, scale: float) -> tuple[str,
     g, w = np.atleast_1d(np.asarray(got)), np.atleast_1d(np.asarray(want))
     if g.dtype != w.dtype or g.shape != w.shape:
         return f"{g.dtype}{list(g.shape)} != {w.dtype}{list(w.shape)}", 0.0
-    if not gp.dtypes.is_float(w.dtype) or exactness == EXACT:
+    if not dtypes.is_float(w.dtype) or exactness == EXACT:
         return bitwise_diff(g, w), 0.0
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
     gn, wn = np.isnan(g64), np.isnan(w64)

@@ -193,22 +193,29 @@ def test_the_private_name_finder_finds_one(tmp_path):
     assert len(_private_reaches(p)) == 2
 
 
+#: test folders that are no room: whole programs crossing every layer; the golden texts
+TEST_FOLDERS_BESIDE_LAYERS = ("programs", "golden")
+
+
 def test_tests_live_in_folders_by_layer():
-    """Test files sit in a folder per layer (tests/README.md maps features to them)."""
+    """Test files sit in a folder per layer, named as the rooms of LAYERS (tests/README.md maps
+    features to them)."""
     loose = sorted(p.name for p in TESTS.glob("test_*.py"))
     readme = (TESTS / "README.md").read_text()
     missing = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")
                      if p.parent != TESTS and str(p.relative_to(TESTS)) not in readme)
     assert loose == [] and missing == []
+    rooms = {r for rooms in LAYERS for r in rooms}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders - rooms - set(TEST_FOLDERS_BESIDE_LAYERS) == set(), "a test folder no room of LAYERS names"
 
 
 # -- folders ------------------------------------------------------------------------------
 # A room is a top-level module or a top-level sub-package of the package (as the structure
 # tool, /work/shared/tools/structure.py, counts them); an import between two rooms is an edge.
 # The package's own __init__ re-exports everything and is no room's dependency.
-#: the rooms, bottom to top: a module imports only from its own room or one below it
-#: (gspmd_py/api/__init__.py says what each layer holds). Rooms not listed (new top-level
-#: modules) are held only by the cycle rule.
+#: the rooms, bottom to top: a module imports only from its own room or one below it; every room
+#: is listed (docs/architecture.md says what each holds; a test keeps its list equal to this one).
 LAYERS = [
     ("core",),  # the values and seams every layer uses (CORE_ORDER inside)
     ("ops",),  # op rules and facts: data
@@ -296,7 +303,37 @@ def _climbs(edges: dict[str, list[str]]) -> list[str]:
 def test_imports_go_down_the_layers():
     assert _climbs(EDGES) == []
     assert {_room(m) for m in MODULES if m != PKG} <= {f"{PKG}.{r}" for rooms in LAYERS for r in rooms}, \
-        "a new room: give it a layer in LAYERS (and in gspmd_py/api/__init__.py's list)"
+        "a new room: give it a layer in LAYERS and a bullet in docs/architecture.md's room list"
+
+
+ARCHITECTURE = TESTS.parent / "docs" / "architecture.md"
+
+
+def _documented_rooms(text: str) -> list[str]:
+    """The rooms docs/architecture.md's "Rooms and their contracts" names, in order: per bullet
+    the ``gspmd_py/<room>/`` or ``gspmd_py/<room>.py`` code spans before its first colon."""
+    import re
+
+    section = text.split("## Rooms and their contracts\n", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for bullet in re.findall(r"^- (.*)$", section, re.M):
+        head = bullet.split(":", 1)[0]
+        out += re.findall(rf"`{PKG}/(\w+)(?:/|\.py)`", head)
+    return out
+
+
+def test_the_architecture_page_lists_the_rooms_of_layers():
+    assert _documented_rooms(ARCHITECTURE.read_text()) == [r for rooms in LAYERS for r in rooms]
+
+
+def test_the_room_list_check_finds_a_difference():
+    text = ARCHITECTURE.read_text().replace(f"- `{PKG}/views/`:", f"- `{PKG}/viewz/`:", 1)
+    rooms = _documented_rooms(text)
+    assert "viewz" in rooms and rooms != [r for rooms in LAYERS for r in rooms]
+
+
+def test_no_file_over_600_lines():
+    assert [m for m, p in MODULES.items() if len(p.read_text().splitlines()) > 600] == []
 
 
 def test_the_climb_finder_finds_one():

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gspmd_py as gp
+from gspmd_py.core import dtypes
 from partition_util import SMALL_DIMS, assert_same, bitwise_diff, examples, maybe, meshes, rand, shapes, spec_for
 
 P = gp.P
@@ -27,7 +28,7 @@ MODES = {
 
 def _table(vocab: int, dim: int, dtype, seed: int = 1):
     t = rand((vocab, dim), dtype, seed)
-    if gp.dtypes.is_float(np.dtype(dtype)) and t.size > 3:  # special values survive the lookup
+    if dtypes.is_float(np.dtype(dtype)) and t.size > 3:  # special values survive the lookup
         flat = t.reshape(-1)
         flat[:3] = np.array([-0.0, np.nan, np.inf]).astype(t.dtype)
     return t
