@@ -23,8 +23,12 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
 * ``denselm``: the GSPMD paper's DenseLm128B costed on 128-2,048 TPU v3 cores
   (``cost_denselm.md``; also ``python benchmarks/cost_denselm.py``)
 * ``ops``: op by op, every op family of the rule registry on the (2, 4) and (8,) meshes, its
-  first argument replicated, batch-sharded, sharded on each other dim, uneven: per-call ratio
-  and collective bytes per device against jax.jit's (``ops.md``; benchmarks/ops.py)
+  first argument replicated, batch-sharded, sharded on each other dim, uneven: collectives, XLA's
+  cost analysis and HLO counts of both compiled programs, per-call ratio where a call takes
+  1 ms or more, flagged rows with their HLO diff (``ops.md``; benchmarks/ops.py)
+
+``python -m benchmarks.gpu_check [--tiny]``: the demo, the reference programs and zoo models on
+this process's devices (a GPU: 1-device meshes), gp.spmd vs jax.jit (``gpu_check.md``).
 
 Every section writes its own file in ``benchmarks/results/``; the README quotes them.
 

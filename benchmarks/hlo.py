@@ -73,3 +73,69 @@ def summarize(colls: list[tuple[str, int]]) -> tuple[int, int, str]:
     c = Counter(k for k, _ in colls)
     kinds = ", ".join(f"{_SHORT[k]} {c[k]}" for k in _KINDS if c[k])
     return len(colls), sum(b for _, b in colls), kinds or "none"
+
+
+# -- XLA's own view of a compiled program: opcode counts, cost analysis -------------------------
+_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?\s*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][\w\-]*)\(")
+_CALLED = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
+
+
+def op_counts(text: str) -> Counter:
+    """Opcode -> number of instructions in the computations XLA runs as such (the entry and the
+    computations it calls or loops over), not inside fusions or reducers: ``fusion`` counts the
+    fused kernels, ``copy`` / ``transpose`` the ones left standing alone.
+
+    >>> t = ["%fused (p: f32[8]) -> f32[8] {", "  %p = f32[8]{0} parameter(0)", "  ROOT %c = f32[8]{0} copy(%p)", "}",
+    ...      "ENTRY %main (a: f32[8]) -> f32[8] {", "  %a = f32[8]{0} parameter(0)",
+    ...      "  %f = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused", "  ROOT %t = f32[8]{0} copy(%f)", "}"]
+    >>> sorted(op_counts(chr(10).join(t)).items())
+    [('copy', 1), ('fusion', 1), ('parameter', 1)]
+    """
+    comps: dict[str, list[str]] = {}
+    fused: set[str] = set()
+    current = None
+    for line in text.splitlines():
+        c = _COMP.match(line)
+        if c:
+            current = comps.setdefault(c.group(1), [])
+            continue
+        m = _INSTR.match(line)
+        if m and current is not None:
+            current.append(m.group(1))
+            if m.group(1) in ("fusion", "all-reduce", "all-reduce-start", "reduce-scatter", "reduce", "reduce-window",
+                              "scatter", "sort", "select-and-scatter", "map"):
+                fused.update(_CALLED.findall(line))
+    return Counter(op for name, ops in comps.items() if name not in fused for op in ops)
+
+
+def cost_analysis(compiled) -> dict[str, float]:
+    """XLA's cost analysis of a ``jax.stages.Compiled`` (per device): flops, bytes accessed."""
+    ca = compiled.cost_analysis()
+    if isinstance(ca, (list, tuple)):  # older jax: one dict per program
+        ca = ca[0] if ca else {}
+    ca = ca or {}
+    return {"flops": float(ca.get("flops", 0.0)), "bytes accessed": float(ca.get("bytes accessed", 0.0))}
+
+
+#: opcodes an HLO diff names (what moves or rearranges data, and the kernels)
+DIFF_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "copy", "transpose",
+            "fusion", "dynamic-slice", "dynamic-update-slice", "pad", "slice", "concatenate", "select", "dot",
+            "convolution", "sort", "gather", "scatter", "custom-call", "while", "conditional")
+
+
+def count_diff(ours: Counter, xla: Counter) -> str:
+    """The opcodes whose counts differ, ours against XLA's: ``'+1 copy, -2 fusion'`` ('' when none).
+
+    >>> count_diff(Counter({"copy": 2, "fusion": 3}), Counter({"copy": 1, "fusion": 5, "transpose": 1}))
+    '+1 copy, -1 transpose, -2 fusion'
+    """
+    def norm(c):
+        out = Counter()
+        for k, v in c.items():
+            out[k[:-6] if k.endswith("-start") else k] += v
+        return out
+
+    a, b = norm(ours), norm(xla)
+    parts = [f"{a[k] - b[k]:+d} {k}" for k in DIFF_OPS if a[k] != b[k]]
+    return ", ".join(parts)

@@ -161,8 +161,9 @@ def _resolve(spec, axes: Sequence[str]):
     return gp.P(*[every if e == "*" else e for e in spec])
 
 
-def variants(case: Case, mesh, quick: bool) -> list[tuple[str, tuple, list]]:
-    """(variant name, in_specs, args) for ``case`` on ``mesh``."""
+def variants(case: Case, mesh, quick: bool, all_layouts: bool = False) -> list[tuple[str, tuple, list]]:
+    """(variant name, in_specs, args) for ``case`` on ``mesh`` (``quick``: small shapes and the
+    batch layout alone, unless ``all_layouts``)."""
     import gspmd_py as gp
 
     axes = tuple(mesh.axis_names)
@@ -182,7 +183,7 @@ def variants(case: Case, mesh, quick: bool) -> list[tuple[str, tuple, list]]:
         out.append((f"uneven (dim 0 = {first})", (gp.P(*([every] + [None] * (rank - 1))),) + rest, uneven))
     for name, *specs in case.extra:
         out.append((name, tuple(_resolve(sp, axes) for sp in specs), shapes))
-    if quick:  # the batch layout only
+    if quick and not all_layouts:  # the batch layout only
         out = [out[1]]
     return [(n, specs, make_args(case, shp)) for n, specs, shp in out]
 

@@ -19,12 +19,14 @@ def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> int:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup: int = 2,
-                min_sample_s: float = 0.01, mins: dict[str, float] | None = None) -> dict[str, float]:
+                min_sample_s: float = 0.01, mins: dict[str, float] | None = None,
+                samples_out: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median seconds per call of each function, sampled round-robin (order rotated each round).
 
     Each function is warmed up ``warmup`` times; a sample is the mean over as many calls
     as fill ``min_sample_s`` (sized once, after warm-up). ``mins``, if given, receives each
-    function's fastest sample (less sensitive to a shared machine's load than the median).
+    function's fastest sample (less sensitive to a shared machine's load than the median);
+    ``samples_out`` every sample, in round order (sample r of each function is from round r).
     """
     names = list(fns)
     for name in names:
@@ -42,6 +44,8 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup:
             samples[n].append((time.perf_counter() - t0) / k)
     if mins is not None:
         mins.update({n: min(s) for n, s in samples.items()})
+    if samples_out is not None:
+        samples_out.update(samples)
     return {n: statistics.median(s) for n, s in samples.items()}
 
 
