@@ -105,8 +105,10 @@ class Row:
     def flags(self) -> str:
         """'D' when the counts say ours does more than XLA's, 'T' when the timing spread is over SLOW."""
         o, x = self.ours, self.xla
-        if o is None or x is None:
+        if o is None:
             return "F"
+        if x is None:
+            return "X"
         det = (o.coll_bytes > x.coll_bytes or _more_flops(o, x) or o.copies > x.copies
                or o.transposes > x.transposes)
         return ("D" if det else "") + ("T" if self.spread[0] > SLOW else "")
@@ -181,17 +183,23 @@ def race(case: Case, mesh_shape, names, quick: bool, timing: bool = True,
 
         jit_in = tuple(NamedSharding(jm, JP() if s is None else even_spec(s, a.shape, sizes)) for s, a in zip(specs, args))
         jitted = jax.jit(constrained, in_shardings=jit_in)
-        compiled = jitted.lower(*args).compile()
         ours_c = plan.compiled()
         oc = Counts.of(ours_c, [(c.kind, c.bytes_per_device) for c in plan.collectives])
+        mesh_name = "x".join(map(str, mesh_shape))
+        try:
+            compiled = jitted.lower(*args).compile()
+        except Exception as e:  # XLA's own partitioner refuses the program: ours alone
+            first = str(e).strip().splitlines()[0][:200]
+            rows.append(Row(mesh_name, case.family, case.name, layout, oc, None, NAN, notes=_notes(plan),
+                            failed=f"jax.jit's program does not compile ({type(e).__name__}: {first})"))
+            continue
         xc = Counts.of(compiled)
         diff = hlo.count_diff(hlo.op_counts(ours_c.as_text()), hlo.op_counts(compiled.as_text()))
         placed_ours = [jax.device_put(a, NamedSharding(plan.jax_mesh, even_spec(s, a.shape, plan.fine.size_of)))
                        for a, s in zip(args, plan.in_specs)]
         placed_jit = [jax.device_put(a, s) for a, s in zip(args, compiled.input_shardings[0])]
         err = _err(jax.block_until_ready(ours(*placed_ours)), jax.block_until_ready(jitted(*placed_jit)))
-        row = Row("x".join(map(str, mesh_shape)), case.family, case.name, layout, oc, xc, err, diff=diff,
-                  notes=_notes(plan))
+        row = Row(mesh_name, case.family, case.name, layout, oc, xc, err, diff=diff, notes=_notes(plan))
         if timing:
             fns = {"ours": lambda: jax.block_until_ready(ours(*placed_ours)),
                    "jit": lambda: jax.block_until_ready(jitted(*placed_jit))}
@@ -218,8 +226,12 @@ def _pair(a, b, fmt=str) -> str:
 def table(rows: list[Row]) -> str:
     body = []
     for r in rows:
-        if r.ours is None:  # did not run
-            body.append([r.mesh, r.family, r.case, r.layout] + ["-"] * 7 + ["**failed**"])
+        if r.ours is None or r.xla is None:  # did not run, or jax.jit's side did not compile
+            o = r.ours
+            body.append([r.mesh, r.family, r.case, r.layout] + (
+                ["-"] * 8 if o is None else [f"{o.coll_bytes:,} ({o.coll_kinds}) / -", f"{o.flops:,.0f} / -",
+                                             f"{o.bytes_accessed:,.0f} / -", f"{o.fusions} / -", f"{o.copies} / -",
+                                             f"{o.transposes} / -", "-", "-"]) + [f"**{r.flags}**"])
             continue
         o, x = r.ours, r.xla
         timed = (f"{r.ratio:.2f}x [{r.spread[0]:.2f}-{r.spread[1]:.2f}] ({fmt_s(r.ours_s)} / {fmt_s(r.jit_s)})"
@@ -288,7 +300,7 @@ def run(quick: bool, only_families: Optional[set] = None, log=lambda s: print(s,
             "the ratio's median and its quartiles over the rounds); below that a row is call overhead and is not "
             f"timed ({len(timed)} of {len(rows)} rows timed). Flags: **D** ours moves more collective bytes, does "
             "more flops (over 1% and 64) or leaves more copies / transposes than XLA's program; **T** the whole quartile spread of "
-            f"the ratio is over {SLOW:.2f}x; **F** the case did not run. The machine is shared with other jobs "
+            f"the ratio is over {SLOW:.2f}x; **X** jax.jit's program does not compile (ours alone); **F** the case did not run. The machine is shared with other jobs "
             "(2 cores, 8 host devices).\n"]
     missing = missing_families(registered)
     if missing:
