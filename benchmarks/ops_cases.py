@@ -99,7 +99,9 @@ def cases() -> list[Case]:
         # such parallel path. benchmarks/results/ops.md's notes say more.
         Case("batched", "cholesky", chol,
              **both(s(((32, 32, 32), F32)), s(((8, 8, 8), F32)))),
-        Case("replicated", "lax.reduce(a*0.5+b)", lambda x: lax.reduce(x, 0.0, lambda a, b: a * 0.5 + b, (1,)), **bn),
+        Case("generic_reduce", "lax.reduce(a*0.5+b)", lambda x: lax.reduce(x, 0.0, lambda a, b: a * 0.5 + b, (1,)),
+             **bn),
+        Case("replicated", "optimization_barrier", lambda x: lax.optimization_barrier(x) + 1, **bn),
         Case("key_op", "wrap, fold_in, unwrap keys", keys_roundtrip, **bn),
         Case("ragged_dot_general", "ragged_dot (4 groups)", ragged,
              **both(s(((B, K), F32), ((4, K, N), F32)), s(((q["B"], q["K"]), F32), ((4, q["K"], q["N"]), F32)))),

@@ -448,6 +448,28 @@ def test_cumsum_sharded_axis_moves_only_totals():
     assert plan.collectives[0].bytes_per_device == 8 * 4  # one total per row
 
 
+
+def test_generic_reduce_keeps_its_rows_sharded():
+    """lax.reduce with a body of its own (no all-reduce combines it): the kept dims stay sharded,
+    each device reduces its own rows, as XLA's partitioner does (ops/replicated.py); only a
+    sharded reduced dim is gathered. Variadic ((value, index) max) and uneven rows too."""
+    mesh = gp.Mesh((2, 4), ("x", "y"))
+    x = rand((16, 24))
+    f = lambda v: lax.reduce(v, 0.0, lambda a, b: a * 0.5 + b, (1,))  # noqa: E731
+    plan = check(f, mesh, (x,), (gp.P(("x", "y"), None),), gp.P(("x", "y")))
+    assert plan.collectives == [] and not plan.fallbacks
+    plan = check(f, mesh, (x,), (gp.P("x", "y"),), gp.P("x"))
+    assert [(c.kind, c.axes) for c in plan.collectives] == [("all-gather", ("y",))] and not plan.fallbacks
+    check(f, mesh, (rand((17, 24)),), (gp.P(("x", "y"), None),))
+
+    def argmax(v, i):
+        return lax.reduce((v, i), (np.float32(-np.inf), np.int32(0)),
+                          lambda a, b: (lax.max(a[0], b[0]), lax.select(a[0] >= b[0], a[1], b[1])), (1,))
+
+    i = np.broadcast_to(np.arange(24, dtype=np.int32), (16, 24)).copy()
+    plan = check(argmax, mesh, (x, i), (gp.P("x", None), gp.P("x", None)), (gp.P("x"), gp.P("x")))
+    assert plan.collectives == [] and not plan.fallbacks
+
 # -- iota, gather, scatter ---------------------------------------------------------------------------
 
 @pytest.mark.slow

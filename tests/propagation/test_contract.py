@@ -75,6 +75,7 @@ SAMPLES = {
     "sort": [(lambda a: jnp.sort(a, axis=1), [(6, 8)])],
     "top_k": [(lambda a: lax.top_k(a, 2), [(6, 8)])],
     "replicated": [(lambda a: a + jax.random.uniform(jax.random.fold_in(jax.random.key(1), 2), a.shape), [(4, 8)])],
+    "generic_reduce": [(lambda a: jax.lax.reduce(a, 0.0, lambda u, v: u * 0.5 + v, (1,)), [(4, 8)])],
     "batched": [(lambda a: jnp.fft.fft(a).real, [(4, 8)]),
                 (lambda a: jnp.linalg.cholesky(a @ jnp.swapaxes(a, -1, -2) + 4 * jnp.eye(4)), [(6, 4, 4)]),
                 (lambda a, b: jnp.linalg.solve(a @ jnp.swapaxes(a, -1, -2) + 4 * jnp.eye(4), b), [(5, 4, 4), (5, 4, 3)])],

@@ -45,10 +45,10 @@ def test_each_property_fails_with_the_culprit():
 
 
 def test_no_fallback_names_the_op():
-    def f(x):  # a reduction with its own combiner: computed whole (ops/replicated.py)
-        return jax.lax.reduce(x, 0.0, lambda a, b: a * 0.5 + b, (1,)) + 1
+    def f(a):  # one (unbatched) matrix: no partitioned form, computed whole (ops/linalg.py)
+        return jnp.linalg.cholesky(a @ a.T + 8 * jnp.eye(a.shape[0])) + a
 
-    with pytest.warns(gp.PartitionWarning, match="reduce"):
-        with pytest.raises(AssertionError, match="replicated fallback: reduce"):
-            gpt.assert_plan(f, jax.ShapeDtypeStruct((4096, 64), np.float32), mesh=BIG,
+    with pytest.warns(gp.PartitionWarning, match="cholesky"):
+        with pytest.raises(AssertionError, match="replicated fallback: cholesky"):
+            gpt.assert_plan(f, jax.ShapeDtypeStruct((4096, 4096), np.float32), mesh=BIG,
                             in_shardings=(gp.P("x", "y"),), no_fallback=True)
