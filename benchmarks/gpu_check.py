@@ -15,7 +15,7 @@ time with inputs already placed (interleaved medians), and the ratio ours / jax.
     python -m benchmarks.gpu_check --tiny --only demo,megatron_mlp --out /tmp/x.md
 
 Writes ``benchmarks/results/gpu_check.md`` (``--out``). A workload not started before
-``--budget-s`` (default 240 s) is listed as skipped, so the whole check stays under 5 minutes.
+``--budget-s`` (default 200 s) is listed as skipped, so the whole check stays under 5 minutes.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def check(w: Workload, n_devices: int, repeats: int) -> Result:
     return Result(w.name, "x".join(map(str, shape)), rel, first_ours, first_jit, t["ours"], t["jit"], note)
 
 
-def run(tiny: bool, only: Optional[set] = None, budget_s: float = 240.0, log=print) -> tuple[list[Result], list[str]]:
+def run(tiny: bool, only: Optional[set] = None, budget_s: float = 200.0, log=print) -> tuple[list[Result], list[str]]:
     import jax
 
     n = len(jax.devices())
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="small shapes, few samples (a CPU smoke run)")
     ap.add_argument("--only", default="", help="comma-separated workload names (a zoo model's name selects its plans)")
-    ap.add_argument("--budget-s", type=float, default=240.0, help="start no workload after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="start no workload after this many seconds")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_check.md"))
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
