@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import attrs
 import jax
 
+from .. import jax_compat as compat
 from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..runtime.executable import Executable
@@ -42,12 +43,6 @@ from ..frontend.batch_axes import duplicate_axis_error
 from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
 from ..frontend.constraints import constraint_errors, tracing_mesh
 from ..frontend.specs import spec_dims
-
-
-def trace_config() -> tuple:
-    """The parts of jax's configuration that change the traced program, part of every plan's
-    cache key as of jax.jit's: ``jax_threefry_partitionable`` decides which bits a key draws."""
-    return (bool(jax.config.jax_threefry_partitionable),)
 
 
 @attrs.define(eq=False)
@@ -183,7 +178,7 @@ class Spmd:
         fast = not kwargs and not self._sig.static_argnums and not self._sig.static_argnames
         if fast:  # a call seen before with concrete arrays: flatten, key, lookup, the compiled call
             key, leaves, _ = call_key(args)
-            key = (key, trace_config())
+            key = (key, compat.trace_context())
             e = self._fast.get(key)
             if e is not None:
                 exe = e.executable()
@@ -217,7 +212,7 @@ class Spmd:
 
     # -- planning ------------------------------------------------------------------------
     def _entry(self, call: Call) -> _Entry:
-        key = (call.key, trace_config())
+        key = (call.key, compat.trace_context())
         e = self._entries.get(key)
         if e is None:
             # the user's trace and the plan with the collector paused (compiler.gc_paused says

@@ -1,0 +1,96 @@
+"""Red team 5, the boundary with JAX's state: a gp.spmd function re-plans when any option of JAX's
+trace context changes (as jax.jit re-traces), returns its outputs with their traced types (weak
+types), takes donated arguments under AD as jax.jit does, honours memory kinds, and says clearly
+what it cannot take (a deleted buffer, a non-native byte order)."""
+from __future__ import annotations
+
+import enum
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gspmd_py as gp
+from gspmd_py import jax_compat as compat
+
+MESH = gp.Mesh((2, 4), ("x", "y"))
+
+# a second value for the trace-context options that are neither bool, enum nor int
+# (jax_error_checking_behavior_*="raise" traces error-check state, which gspmd_py does not take)
+_OTHER = {"jax_numpy_rank_promotion": "raise", "jax_default_matmul_precision": "highest"}
+
+
+def _type(x) -> str:
+    """dtype, weak type and shape, as JAX prints a type (``~float32[]``), without its sharding."""
+    a = jax.typeof(x)
+    return ("~" if a.weak_type else "") + f"{a.dtype.name}{list(a.shape)}"
+
+
+def _other(value, name):
+    """Another legal value of a trace-context option (None: none is known to be safe here)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, enum.Enum):
+        return next(m for m in type(value) if m != value)
+    if name in _OTHER:
+        return _OTHER[name]
+    return None
+
+
+def test_every_trace_context_option_replans():
+    """Each boolean / enum option JAX keys its trace cache on (listed by the running JAX), flipped
+    between two plans, traces and plans the function again; set back, the first plan is reused."""
+    traced = []
+
+    def fn(a):
+        traced.append(1)
+        return jnp.sin(a) * 2
+
+    f, a = gp.spmd(fn, MESH), np.ones((8, 4), np.float32)
+    f.plan(a)
+    options = compat.trace_context_options()
+    assert {"jax_enable_x64", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion"} <= set(options)
+    flipped = []
+    for name, value in options.items():
+        other = _other(value, name)
+        if other is None:
+            continue
+        n = len(traced)
+        with compat.trace_option(name, other):
+            f.plan(a)
+        assert len(traced) == n + 1, f"{name} = {other!r} did not re-plan"
+        f.plan(a)
+        assert len(traced) == n + 1, f"{name} back to {value!r} planned again"
+        flipped.append(name)
+    assert all(n in flipped for n, v in options.items() if isinstance(v, (bool, enum.Enum))), flipped
+
+
+def test_x64_between_calls_as_jax_jit():
+    fn = lambda a: (a * 2, jnp.arange(4), a.astype(float))
+    f, a = gp.spmd(fn, MESH), np.ones((8, 4), np.float32)
+    f(a)
+    with compat.trace_option("jax_enable_x64", True):
+        got, want = f(a), jax.jit(fn)(a)
+        assert [_type(g) for g in got] == [_type(w) for w in want]
+        assert want[1].dtype == jnp.int64
+        b = np.ones((8, 4), np.float64)  # a float64 argument: planned as float64, as jax.jit takes it
+        assert _type(f(b)[0]) == _type(jax.jit(fn)(b)[0]) == "float64[8, 4]"
+    assert [g.dtype for g in f(a)] == [jnp.float32, jnp.int32, jnp.float32]
+
+
+@pytest.mark.parametrize("name, value", [("jax_numpy_dtype_promotion", "strict"),
+                                         ("jax_numpy_rank_promotion", "raise")])
+def test_promotion_set_after_a_call_raises_as_jax_jit(name, value):
+    fn = lambda a, b: a + b
+    f = gp.spmd(fn, MESH)
+    a = np.ones((8, 4), np.float32)
+    b = np.ones((8, 4), np.int32) if "dtype" in name else np.ones((4,), np.float32)
+    f(a, b)
+    with compat.trace_option(name, value):
+        with pytest.raises(Exception) as want:
+            jax.jit(fn)(a, b)
+        with pytest.raises(type(want.value)):
+            f(a, b)
+        with pytest.raises(type(want.value)):
+            jax.jit(f)(a, b)
