@@ -240,6 +240,7 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
     threshold = DEFAULT_THRESHOLD_BYTES if combine_threshold_bytes is None else combine_threshold_bytes
     g = seeded.graph
+    out_weak = tuple(bool(getattr(a, "weak_type", False)) for a in closed.out_avals)
     prop = run("propagate", propagate(g, mesh, seeded.seeds), graph=g)
 
     def build(shaping: Shaping) -> Plan:
@@ -250,7 +251,8 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
                   fresh=lambda p: index(p, part.fine, g))
         plan = Plan(name, mesh, g, prop, part.fine, part.shaping, part.diagnostics, program, idx, part.in_dims,
                     part.out_dims, part.op_plans, part.shardings, in_tree, out_tree, in_names,
-                    donate_argnums=tuple(donate_argnums), combine_threshold_bytes=threshold, tactics=seeded.tactics)
+                    donate_argnums=tuple(donate_argnums), combine_threshold_bytes=threshold, tactics=seeded.tactics,
+                    out_weak=out_weak)
         return plan.with_notes(*layout_notes(plan))  # what the boundary does to layouts the user's mesh cannot say
 
     with outside_user_mesh(), own_mesh(), gc_paused():

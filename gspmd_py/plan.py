@@ -72,6 +72,8 @@ class Plan:
     donate_argnums: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # flat input indices
     combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
     tactics: tuple = attrs.field(default=(), converter=tuple)  # search.context.TacticRecord per gp.tactics entry
+    # per output, whether its traced type is weak (``0.1 * step``: ~float32[]); the program returns it so, as jax.jit
+    out_weak: tuple[bool, ...] = attrs.field(default=(), converter=tuple)
 
     def __repr__(self) -> str:
         return f"<Plan of {self.fn_name} on {self.mesh}>"

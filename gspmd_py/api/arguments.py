@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax import core as jcore
 
-from ..core.errors import ArgumentError, short_repr
+from ..core.errors import ArgumentError, ArgumentTypeError, short_repr
 from ..runtime.placed import logical_shape
 
 _SCALARS = (bool, int, float, complex)
@@ -253,13 +253,20 @@ def _is_dtype(x) -> bool:
 
 def _array_dtype(x, i: int, call: Call):
     """A numpy leaf's dtype, when JAX can hold it: object, string, bytes and structured arrays are
-    an ArgumentError naming the leaf (JAX's own error names neither it nor the function)."""
+    an ArgumentError naming the leaf (JAX's own error names neither it nor the function), one in a
+    non-native byte order an ArgumentTypeError."""
     dt = np.dtype(x.dtype) if isinstance(x.dtype, np.dtype) else x.dtype
     if isinstance(dt, np.dtype) and (dt.kind in "OUS" or dt.names is not None):  # (bfloat16 is kind V too)
         raise ArgumentError(
             f"{call.sig.fn_name}: argument {_Label(call, i)} is a numpy array of dtype {dt} (shape "
             f"{tuple(np.shape(x))}), which JAX arrays cannot hold: convert it to a numeric dtype, or mark it "
             f"static (static_argnums/static_argnames) or close over it")
+    if isinstance(dt, np.dtype) and not dt.isnative:  # as jax.jit (a TypeError), said with the leaf and the fix
+        order = {">": "big", "<": "little"}.get(dt.byteorder, "non-native")
+        raise ArgumentTypeError(
+            f"{call.sig.fn_name}: argument {_Label(call, i)} is a numpy array of dtype {dt.str} ({order}-endian, not "
+            f"this machine's byte order), which JAX arrays cannot hold (jax.jit refuses it too): convert it first, "
+            f"e.g. x.astype(x.dtype.newbyteorder('='))")
     return x.dtype
 
 

@@ -33,7 +33,8 @@ class ArgumentError(AnnotationError):
 
 class ArgumentTypeError(ArgumentError, TypeError):
     """An argument of the wrong type to a gp.testing helper (a mesh that is not a gp.Mesh, a
-    tolerance that is not a number): a TypeError too, as Python's own for such a mistake."""
+    tolerance that is not a number), or an array JAX refuses by its type (a numpy array in a
+    non-native byte order): a TypeError too, as Python's own and jax.jit's for such a mistake."""
 
 
 class DeletedArrayError(ArgumentError, RuntimeError):

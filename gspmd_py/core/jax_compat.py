@@ -70,6 +70,7 @@ PRIVATE: tuple[tuple[str, str], ...] = (
     ("jax._src.interpreters.partial_eval", "dce_jaxpr"), ("jax._src.interpreters.partial_eval", "dce_rules"),
     ("jax._src.interpreters.partial_eval", "convert_constvars_jaxpr"),
     ("jax._src.dispatch", "runtime_tokens"),
+    ("jax._src.lax.lax", "_convert_element_type"),
     ("jax._src.config", "trace_context"), ("jax._src.config", "trace_context_names"),
     ("jax._src.distributed", "global_state"),
 )
@@ -117,6 +118,14 @@ def trace_option(name: str, value):
     """A context manager setting trace-context option ``name`` to ``value`` (restored on exit), as
     ``jax.config.update`` would for the options it knows by name."""
     return jax.config._value_holders[name](value)
+
+
+def weakly_typed(x):
+    """``x`` (inside a trace) with a weak type, as a Python scalar's result has (``~float32[]``): a
+    no-op convert_element_type, which jax.jit's outputs carry into their arrays' types."""
+    from jax._src.lax import lax as lax_internal
+
+    return lax_internal._convert_element_type(x, x.dtype, weak_type=True)
 
 
 # -- loops -------------------------------------------------------------------------------------

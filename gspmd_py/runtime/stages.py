@@ -23,6 +23,7 @@ from jax.extend.core import jaxpr_as_fun
 from jax.extend.core.primitives import jit_p
 from jax.sharding import NamedSharding
 
+from ..core import jax_compat as compat
 from ..core.errors import ArgumentError, ShardingError
 from ..frontend.constraints import outside_user_mesh
 from ..partitioner.host_calls import raise_failures
@@ -157,9 +158,12 @@ def jit_program(plan, out_shardings: Optional[Sequence[NamedSharding]]):
     smap = jax.shard_map(local, mesh=plan.jax_mesh, in_specs=tuple(in_specs[i] for i in live_in),
                          out_specs=tuple(out_specs[j] for j in live_out), check_vma=False)
 
+    weak = plan.out_weak or (False,) * len(g.outputs)
+
     def program_fn(*xs):
         got = iter(smap(*[xs[i] for i in live_in]) if live_out else ())
-        return tuple(next(got) if v.size else jnp.zeros(v.shape, v.dtype) for v in g.outputs)
+        outs = [next(got) if v.size else jnp.zeros(v.shape, v.dtype) for v in g.outputs]
+        return tuple(compat.weakly_typed(o) if w else o for o, w in zip(outs, weak))  # the traced types, as jax.jit
 
     jit_kw = {} if out_shardings is None else {
         "out_shardings": tuple(out_shardings),  # and in_shardings, so that donated inputs can alias outputs

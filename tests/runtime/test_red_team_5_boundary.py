@@ -94,3 +94,30 @@ def test_promotion_set_after_a_call_raises_as_jax_jit(name, value):
             f(a, b)
         with pytest.raises(type(want.value)):
             jax.jit(f)(a, b)
+
+
+def test_results_keep_weak_types_direct_and_staged():
+    """A learning rate from a Python scalar and a step is weakly typed (~float32[]) as under jax.jit,
+    so ``p_bf16 - lr * g_bf16`` stays bfloat16 on the direct and the staged path alike."""
+    sched = lambda step: 1e-3 * jnp.minimum(step, 100)  # linear warm-up
+    f = gp.spmd(sched, MESH)
+    step = jnp.int32(2)
+    want = jax.jit(sched)(step)
+    assert _type(want) == "~float32[]"
+    p = jnp.ones((8, 4), jnp.bfloat16)
+    for got in (f(step), f(step), jax.jit(f)(step)):  # planned, cached (fast path), staged
+        assert _type(got) == "~float32[]"
+        assert (p - got * p).dtype == jnp.bfloat16
+    fn = lambda x, n: (x.sum() * 0 + 2.0, x * 2, n + 1, jnp.zeros((0, 3)) + x)  # (an empty output too)
+    for args in [(3.0, 2), (np.float32(3.0), np.int32(2))]:
+        assert [_type(o) for o in gp.spmd(fn, MESH)(*args)] == [_type(o) for o in jax.jit(fn)(*args)]
+    assert _type(gp.spmd(lambda x: x * 2, MESH)(np.float32(3.0))) == "float32[]"
+
+
+def test_non_native_byte_order_refused_clearly():
+    a = np.arange(8, dtype=">f4")
+    with pytest.raises(TypeError):
+        jax.jit(lambda x: x * 2)(a)
+    with pytest.raises(gp.ShardingError, match=r"argument arg0 is a numpy array of dtype >f4 \(big-endian.*newbyteorder"):
+        gp.spmd(lambda x: x * 2, MESH)(a)
+    np.testing.assert_array_equal(gp.spmd(lambda x: x * 2, MESH)(a.astype(a.dtype.newbyteorder("="))), np.arange(8) * 2)
