@@ -192,6 +192,7 @@ class Spmd:
                 f"the gp.spmd function outside the shard_map")
         entry = self._entry(call)
         if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
+            call.check_live()  # (the direct call's boundary checks its own leaves)
             return entry.staged(call.leaves)
         exe = entry.executable()
         exe.check_same_program()  # multi-process runs only: every process planned this program

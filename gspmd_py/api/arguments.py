@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax import core as jcore
 
-from ..core.errors import ArgumentError, ArgumentTypeError, short_repr
+from ..core.errors import ArgumentError, ArgumentTypeError, DeletedArrayError, short_repr
 from ..runtime.placed import logical_shape
 
 _SCALARS = (bool, int, float, complex)
@@ -173,6 +173,20 @@ class Call:
         self._paths_cache = out
         return out
 
+    def check_live(self) -> None:
+        """A DeletedArrayError naming the first leaf whose array is deleted: the leaf itself, or the
+        primal / value behind a tracer of an eager transformation (jax.grad, jax.jvp, jax.vmap), which
+        JAX would otherwise read (jax 0.10 could crash the process on such a buffer)."""
+        for i, x in enumerate(self.leaves):
+            dead = _deleted_array(x)
+            if dead is not None:
+                why = ("donate_argnums gave its buffers to an earlier call" if self.donated[i]
+                       else "its buffers were donated to another function, or deleted")
+                raise DeletedArrayError(
+                    f"{self.sig.fn_name}: argument {self.labels[i]} {np.dtype(dead.dtype).name}{list(dead.shape)} has "
+                    f"been deleted (as jax.jit says: Array has been deleted): {why}; pass a live array, e.g. that "
+                    f"call's output")
+
     def rebuild(self, leaves: Sequence[Any]) -> tuple[tuple, dict]:
         """fn's (args, kwargs) from dynamic leaves, static values put back in place."""
         tree = jax.tree_util.tree_unflatten(self.in_tree, list(leaves))
@@ -221,6 +235,22 @@ def _aval(x, i: int, call: Call, plan_only: bool):
     raise ArgumentError(
         f"{fn_name}: argument {label} is {type(x).__name__} {short_repr(x, 40)}, not an array: mark it static "
         f"(static_argnums/static_argnames) or close over it{hint}")
+
+
+def _deleted_array(x) -> Any:
+    """The deleted jax.Array ``x`` is or carries (a JVP / linearize tracer's primal, a batch
+    tracer's value, a partial-eval tracer's known value, nested), or None."""
+    for _ in range(64):  # (a tracer of a tracer...: as deep as transformations nest)
+        if not isinstance(x, jcore.Tracer):
+            return x if isinstance(x, jax.Array) and x.is_deleted() else None
+        pval = getattr(x, "pval", None)
+        inner = next((getattr(x, a) for a in ("primal", "val") if hasattr(x, a)), None)
+        if inner is None and pval is not None and pval.is_known():
+            inner = pval.get_known()
+        if inner is None:
+            return None
+        x = inner
+    return None
 
 
 def output_leaves(out, fn_name: str) -> tuple[list, Any]:

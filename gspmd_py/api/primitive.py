@@ -276,20 +276,31 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
         return _stage(trace, [trace.instantiate_const(t) for t in tracers], jaxpr, spmd)
     jaxpr_known, jaxpr_unknown, out_unknown, res_avals = pe.partial_eval_jaxpr_nounits(
         jaxpr, [not k for k in known], instantiate=False)
+    # a residual that is a known input is passed on as it is, never returned by the known program (as
+    # jax.jit's partial evaluation forwards it): a donated input would be aliased to that output and
+    # deleted while the caller still holds it (jax.grad of a gp.spmd function with donate_argnums)
+    res_fwd = _input_residuals(jaxpr_known, len(res_avals))
+    n_res = sum(f is None for f in res_fwd)  # residuals the known program computes
+    if n_res < len(res_avals):
+        jaxpr_known = compat.prune_outputs(
+            jaxpr_known, [True] * (len(jaxpr_known.out_avals) - len(res_avals)) + [f is None for f in res_fwd])
     known_vals = [t.pval.get_known() for t, k in zip(tracers, known) if k]
     hints, ins, given_outs = spmd.hints(len(tracers)), spmd.ins(len(tracers)), spmd.outs(len(out_unknown))
-    res_hints: list = [None] * len(res_avals)
+    computed_hints: list = [None] * n_res
     outs: list = []
     if jaxpr_known.out_avals:
         p_known = spmd.derive(_kept(hints, known), _kept(ins, known),
-                              _dropped(given_outs, out_unknown) + [None] * len(res_avals))
+                              _dropped(given_outs, out_unknown) + [None] * n_res)
         if not spmd.mesh.is_abstract:  # plan the known half now: its residual layouts seed the unknown half
             plan = plan_of(jaxpr_known, p_known)
             p_known = attrs.evolve(p_known, plan=plan)
-            res_hints = out_layouts(plan)[len(jaxpr_known.out_avals) - len(res_avals):]
+            computed_hints = out_layouts(plan)[len(jaxpr_known.out_avals) - n_res:]
         outs = bind(known_vals, jaxpr_known, p_known)
-    n_known_out = len(outs) - len(res_avals)
-    known_out, residuals = outs[:n_known_out], outs[n_known_out:]
+    n_known_out = len(outs) - n_res
+    known_out, computed, computed_hints = outs[:n_known_out], iter(outs[n_known_out:]), iter(computed_hints)
+    known_hints = _kept(hints, known)
+    residuals = [next(computed) if f is None else known_vals[f] for f in res_fwd]
+    res_hints = [next(computed_hints) if f is None else known_hints[f] for f in res_fwd]
     res_tracers = [trace.new_instantiated_const(r) for r in residuals]
     unknown_in = [trace.instantiate_const(t) for t, k in zip(tracers, known) if not k]
     # partial_eval_jaxpr_nounits puts the residuals first in the unknown jaxpr's inputs
@@ -298,6 +309,14 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
                                      _kept(given_outs, out_unknown)))
     known_it, unknown_it = iter(known_out), iter(out_tracers)
     return [next(unknown_it) if uk else next(known_it) for uk in out_unknown]
+
+
+def _input_residuals(jaxpr_known: ClosedJaxpr, n_res: int) -> list[Optional[int]]:
+    """Per residual (the last ``n_res`` outputs of ``jaxpr_known``): the index of the known input it
+    is, or None when the known program computes it."""
+    j = jaxpr_known.jaxpr
+    pos = {id(v): i for i, v in enumerate(j.invars)}
+    return [pos.get(id(v)) for v in j.outvars[len(j.outvars) - n_res:]]
 
 
 def _stage(trace: pe.JaxprTrace, in_tracers, jaxpr: ClosedJaxpr, spmd: SpmdParams):

@@ -69,6 +69,7 @@ PRIVATE: tuple[tuple[str, str], ...] = (
     ("jax._src.interpreters.partial_eval", "closed_call_partial_eval_custom_rule"),
     ("jax._src.interpreters.partial_eval", "dce_jaxpr"), ("jax._src.interpreters.partial_eval", "dce_rules"),
     ("jax._src.interpreters.partial_eval", "convert_constvars_jaxpr"),
+    ("jax._src.interpreters.partial_eval", "prune_closed_jaxpr_outputs"),
     ("jax._src.dispatch", "runtime_tokens"),
     ("jax._src.lax.lax", "_convert_element_type"),
     ("jax._src.config", "trace_context"), ("jax._src.config", "trace_context_names"),
@@ -181,6 +182,11 @@ def dce_closed(closed: ClosedJaxpr, used_outputs: Sequence[bool]) -> tuple[Close
         return new, list(used_inputs)
     new, used_inputs = pe.dce_jaxpr(closed.jaxpr, list(used_outputs))
     return ClosedJaxpr(new, closed.consts), list(used_inputs)
+
+
+def prune_outputs(closed: ClosedJaxpr, keep: Sequence[bool]) -> ClosedJaxpr:
+    """``closed`` returning only the outputs whose ``keep`` is true (its inputs unchanged)."""
+    return pe.prune_closed_jaxpr_outputs(closed, list(keep))
 
 
 def eval_closed(closed: ClosedJaxpr, *args) -> list:

@@ -15,6 +15,7 @@ import gspmd_py as gp
 from gspmd_py import jax_compat as compat
 
 MESH = gp.Mesh((2, 4), ("x", "y"))
+JAX_MESH = jax.sharding.Mesh(MESH.jax_devices().reshape(2, 4), ("x", "y"))
 
 # a second value for the trace-context options that are neither bool, enum nor int
 # (jax_error_checking_behavior_*="raise" traces error-check state, which gspmd_py does not take)
@@ -121,3 +122,35 @@ def test_non_native_byte_order_refused_clearly():
     with pytest.raises(gp.ShardingError, match=r"argument arg0 is a numpy array of dtype >f4 \(big-endian.*newbyteorder"):
         gp.spmd(lambda x: x * 2, MESH)(a)
     np.testing.assert_array_equal(gp.spmd(lambda x: x * 2, MESH)(a.astype(a.dtype.newbyteorder("="))), np.arange(8) * 2)
+
+
+def _donating(spec):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    fn = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
+    f = gp.spmd(fn, MESH, in_shardings=(gp.P(*spec), gp.P("x", None)), donate_argnums=(0,))
+    w = jax.device_put(jnp.full((16, 4), 0.1), NamedSharding(JAX_MESH, PartitionSpec(*spec)))
+    return fn, f, w, jnp.linspace(-1, 1, 128).reshape(8, 16)
+
+
+@pytest.mark.parametrize("spec", [(), (None, "y")], ids=["replicated", "split"])
+def test_donation_dropped_for_residuals_under_ad(spec):
+    """jax.grad / value_and_grad / vjp of a function donating its weights: the weights are a residual
+    of the backward program, so (as under jax.jit) the donation is dropped and they stay alive; a
+    second call computes the same."""
+    fn, f, w, x = _donating(spec)
+    want = jax.grad(fn)(w, x)
+    for run in (lambda: jax.grad(f)(w, x), lambda: jax.value_and_grad(f)(w, x)[1],
+                lambda: jax.vjp(f, w, x)[1](1.0)[0]):
+        for _ in range(2):
+            np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-6)
+            assert not w.is_deleted()
+
+
+def test_deleted_buffer_is_a_clear_error_on_every_path():
+    fn, f, w, x = _donating(())
+    w.delete()
+    for run in (lambda: f(w, x), lambda: jax.grad(f)(w, x), lambda: jax.jvp(f, (w, x), (x.T[:, :4], x)),
+                lambda: jax.vmap(f, in_axes=(None, 0))(w, x[None])):
+        with pytest.raises(gp.ShardingError, match=r"argument arg0 float32\[16, 4\] has been deleted"):
+            run()
