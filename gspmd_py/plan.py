@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import attrs
 import jax
@@ -74,6 +74,9 @@ class Plan:
     tactics: tuple = attrs.field(default=(), converter=tuple)  # search.context.TacticRecord per gp.tactics entry
     # per output, whether its traced type is weak (``0.1 * step``: ~float32[]); the program returns it so, as jax.jit
     out_weak: tuple[bool, ...] = attrs.field(default=(), converter=tuple)
+    # per output, the memory kind it is returned in ("pinned_host"; None: device memory): its out_sharding's, else
+    # its traced type's (a jax.device_put to host memory inside), as jax.jit returns it
+    out_memory_kinds: tuple[Optional[str], ...] = attrs.field(default=(), converter=tuple)
 
     def __repr__(self) -> str:
         return f"<Plan of {self.fn_name} on {self.mesh}>"

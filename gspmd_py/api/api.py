@@ -42,7 +42,7 @@ from ..partitioner.shaping import Shaping
 from ..frontend.batch_axes import duplicate_axis_error
 from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
 from ..frontend.constraints import constraint_errors, tracing_mesh
-from ..frontend.specs import spec_dims
+from ..frontend.specs import memory_kinds, spec_dims
 
 
 @attrs.define(eq=False)
@@ -233,7 +233,8 @@ class Spmd:
 
     def _trace(self, call: Call, decision) -> tuple:
         """The user's function traced for ``call``, open pipelines scheduled by ``decision``:
-        (closed jaxpr, closure, out_tree, out_dims, the open pipelines met unscheduled)."""
+        (closed jaxpr, closure, out_tree, out_dims, the memory kinds out_shardings ask for, the open
+        pipelines met unscheduled)."""
         from ..frontend.pipeline import scheduled
 
         box: list = []
@@ -242,14 +243,14 @@ class Spmd:
             args, kwargs = call.rebuild(list(leaves))
             out = self.fn(*args, **kwargs)
             flat, out_tree = output_leaves(out, self._sig.fn_name)
-            box.append((out_tree, self._out_dims(out, flat)))
+            box.append((out_tree, self._out_dims(out, flat), memory_kinds(self.out_shardings, out, "out_shardings")))
             return flat
 
         mesh = self.mesh
         with tracing_mesh(mesh), constraint_errors(mesh), scheduled(decision) as found:
             closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
-        out_tree, out_dims = box[-1]
-        return closed, closure, out_tree, out_dims, found
+        out_tree, out_dims, kinds = box[-1]
+        return closed, closure, out_tree, out_dims, kinds, found
 
     def _build(self, call: Call) -> _Entry:
         from ..search.tactics import pipeline_decision
@@ -259,7 +260,7 @@ class Spmd:
         in_dims = self._in_dims(call)
 
         # gp.tactics.pipeline decides the schedule of open gp.pipeline calls: it changes the trace
-        closed, closure, out_tree, out_dims, _ = self._trace(call, pipeline_decision(self.tactics, mesh))
+        closed, closure, out_tree, out_dims, out_kinds, _ = self._trace(call, pipeline_decision(self.tactics, mesh))
         n_c, in_tree = len(closure), call.in_tree
         labels = [f"in_shardings of {nm}" for nm in in_names]
         out_labels = [f"out_shardings of output {i}" for i in range(len(out_dims))]
@@ -280,7 +281,8 @@ class Spmd:
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
                           in_dims=in_dims, in_labels=labels, out_dims=out_dims, out_labels=out_labels,
                           donate_argnums=donate, combine_threshold_bytes=self.combine_threshold_bytes,
-                          tactics=self.tactics, leaves=leaves, args_tree=args_tree, shaping=self.shaping)
+                          tactics=self.tactics, leaves=leaves, args_tree=args_tree, shaping=self.shaping,
+                          out_memory_kinds=out_kinds)
         params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes,
                             shaping=self.shaping, in_shardings=_given(in_dims, labels),
                             out_shardings=tuple(Given(d, lab) for d, lab in zip(out_dims, out_labels)))
@@ -300,6 +302,13 @@ class Spmd:
                 f"the sharded arguments positionally")
         n = len(jax.tree_util.tree_leaves(tuple(args)))
         avals, names = call.avals[:n], call.names[:n]
+        for name, kind in zip(names, memory_kinds(self.in_shardings, tuple(args), "in_shardings")):
+            if kind is not None:
+                raise SpecError(
+                    f"{self._sig.fn_name}: in_shardings of {name} asks for memory_kind={kind!r}: gspmd_py's program "
+                    f"takes its inputs in device memory (its body cannot read host memory); give the sharding without "
+                    f"memory_kind and move the value in the function (jax.device_put to the device), or pass it in "
+                    f"device memory")
         dims = spec_dims(self.mesh, self.in_shardings, tuple(args), [len(a.shape) for a in avals],
                          [_type_str(a) for a in avals], "in_shardings", names)
         return list(dims) + [None] * (len(call.leaves) - n)

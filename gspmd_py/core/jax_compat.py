@@ -32,7 +32,7 @@ What changed, by release (the functions below read every form):
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.extend
@@ -127,6 +127,15 @@ def weakly_typed(x):
     from jax._src.lax import lax as lax_internal
 
     return lax_internal._convert_element_type(x, x.dtype, weak_type=True)
+
+
+def memory_kind(aval) -> Optional[str]:
+    """The memory kind a value of type ``aval`` lives in when it leaves a jit: "pinned_host" for
+    a host-memory type (``f32<host>[4]``: a ``jax.device_put`` to pinned host memory or
+    ``jax.memory.Space.Host`` inside the function), None for device memory (``memory_space``:
+    jax >= 0.10's types; absent: device)."""
+    space = getattr(aval, "memory_space", None)
+    return "pinned_host" if getattr(space, "name", None) == "Host" else None
 
 
 # -- loops -------------------------------------------------------------------------------------

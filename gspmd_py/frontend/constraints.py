@@ -145,11 +145,12 @@ def put_layout(dst) -> NamedSharding | None:
 
     A device_put to no destination (``jax.scipy.sparse.linalg.cg``'s copies), to a device,
     a single-device sharding or a memory space is an identity: the SPMD program places every
-    value itself. Memory kinds (``memory_kind="pinned_host"``, ``jax.memory.Space.Host``, the
-    host-offload remat policies) are not honoured: the values stay in device memory, so results
-    are the same and only the memory the offload would save is not saved. gspmd_py's values
-    carry no memory space, and one program's values cannot move between memories inside the
-    ``shard_map`` body it runs as.
+    value itself. Memory kinds (``memory_kind="pinned_host"``, ``jax.memory.Space.Host``) inside
+    the program are not honoured: there the values stay in device memory (one program's values
+    cannot move between memories inside the ``shard_map`` body it runs as), so results are the
+    same and only the memory an offload of intermediates would save is not saved. An output whose
+    traced type lives in host memory (``f32<host>[8]``) is returned there, as jax.jit returns it
+    (``Plan.out_memory_kinds``, compiler.plan_jaxpr).
     """
     sharding = getattr(dst, "sharding", None) if not isinstance(dst, NamedSharding) else dst
     return sharding if isinstance(sharding, NamedSharding) else None

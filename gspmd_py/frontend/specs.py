@@ -190,6 +190,19 @@ def spec_dims(mesh: Mesh, specs, tree, ranks: Sequence[int], types: Sequence[str
     return out
 
 
+def memory_kinds(specs, tree, what: str) -> list[Optional[str]]:
+    """Per leaf of ``tree``: the memory kind its spec asks for (a jax NamedSharding's
+    ``memory_kind``, e.g. "pinned_host"), or None for device memory and specs that say none."""
+    if specs is None:
+        return [None] * len(_tu.tree_leaves(tree))
+    return [_memory_kind(ls.spec) for ls in leaf_specs(specs, tree, what)]
+
+
+def _memory_kind(spec) -> Optional[str]:
+    kind = getattr(spec, "memory_kind", None) if isinstance(spec, jax.sharding.Sharding) else None
+    return None if kind in (None, "device") else kind
+
+
 def _dims_from_spec(mesh: Mesh, spec, rank: int, what: str) -> tuple[Optional[tuple[AxisRef, ...]], ...]:
     if isinstance(spec, Sharding):
         if not spec.mesh.same_layout(mesh):

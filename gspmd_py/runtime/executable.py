@@ -27,7 +27,7 @@ from ..core.errors import ShardingError
 from .boundary import Boundary
 from .layout import even_dims, staged_sharding
 from .plancheck import check_same_program
-from .stages import Compiled, Lowered, jit_program, out_shardings, trace_program
+from .stages import Compiled, Lowered, in_memory, jit_program, out_shardings, trace_program
 
 
 class Executable:
@@ -86,7 +86,8 @@ class Executable:
     # -- staged into a caller's trace (api/primitive.py, api/api.py) ---------------
     @functools.cached_property
     def _staged_out(self) -> tuple:
-        return tuple(staged_sharding(self.plan, d) for d in self.plan.out_fine_dims)
+        staged = [staged_sharding(self.plan, d) for d in self.plan.out_fine_dims]
+        return tuple((in_memory(s, self.plan, i), moved) for i, (s, moved) in enumerate(staged))
 
     def staged_out_shardings(self) -> tuple:
         """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's

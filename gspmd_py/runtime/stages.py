@@ -33,8 +33,16 @@ from .layout import boundary_sharding, own_mesh
 
 def out_shardings(plan) -> Optional[tuple]:
     """The outputs' NamedShardings over the user's mesh where the layout can be said there
-    (layout.py; same devices, no copy); None on an abstract mesh."""
-    return None if plan.mesh.is_abstract else tuple(boundary_sharding(plan, d) for d in plan.out_fine_dims)
+    (layout.py; same devices, no copy), in their memory kinds; None on an abstract mesh."""
+    if plan.mesh.is_abstract:
+        return None
+    return tuple(in_memory(boundary_sharding(plan, d), plan, i) for i, d in enumerate(plan.out_fine_dims))
+
+
+def in_memory(sharding: NamedSharding, plan, i: int) -> NamedSharding:
+    """``sharding`` of output ``i`` in the memory kind the plan returns it in (plan.out_memory_kinds)."""
+    kinds = plan.out_memory_kinds
+    return sharding.with_memory_kind(kinds[i]) if i < len(kinds) and kinds[i] else sharding
 
 
 def trace_program(plan, jitted):

@@ -154,3 +154,30 @@ def test_deleted_buffer_is_a_clear_error_on_every_path():
                 lambda: jax.vmap(f, in_axes=(None, 0))(w, x[None])):
         with pytest.raises(gp.ShardingError, match=r"argument arg0 float32\[16, 4\] has been deleted"):
             run()
+
+
+@pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
+def test_memory_kinds_of_outputs_as_jax_jit(kind):
+    """out_shardings with a memory kind, and a jax.device_put to one inside (whose traced type says
+    where the value lives: f32<host>), return each output in the memory jax.jit returns it in."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    s = NamedSharding(JAX_MESH, PartitionSpec("x"), memory_kind=kind)
+    a = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+    cases = [(lambda x: (x * 2, x + 1), dict(out_shardings=(s, None))),
+             (lambda x: (jax.device_put(x * 2, s) * 3, x + 1), {})]
+    for fn, kw in cases:
+        want, got = jax.jit(fn, **kw)(a), gp.spmd(fn, JAX_MESH, **kw)(a)
+        assert [g.sharding.memory_kind for g in got] == [w.sharding.memory_kind for w in want]
+        np.testing.assert_array_equal(got[0], want[0])
+        nested, staged = jax.jit(jax.jit(fn, **kw))(a), jax.jit(gp.spmd(fn, JAX_MESH, **kw))(a)
+        assert [g.sharding.memory_kind for g in staged] == [w.sharding.memory_kind for w in nested]
+    assert want[0].sharding.memory_kind == ("pinned_host" if kind == "pinned_host" else "device")  # (device_put)
+
+
+def test_memory_kind_of_an_input_refused_clearly():
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    s = NamedSharding(JAX_MESH, PartitionSpec("x"), memory_kind="pinned_host")
+    with pytest.raises(gp.SpecError, match=r"in_shardings of arg0 asks for memory_kind='pinned_host'"):
+        gp.spmd(lambda x: x * 2, JAX_MESH, in_shardings=s)(np.ones((8, 2), np.float32))
