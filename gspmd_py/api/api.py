@@ -40,6 +40,7 @@ from ..core.mesh import Mesh
 from ..plan import Plan
 from ..partitioner.shaping import Shaping
 from ..frontend.batch_axes import duplicate_axis_error
+from . import explicit
 from .primitive import Given, SpmdParams, bind, hoist_tracer_consts, in_manual_context
 from ..frontend.constraints import constraint_errors, tracing_mesh
 from ..frontend.specs import memory_kinds, spec_dims
@@ -79,8 +80,9 @@ class _Entry:
             # returns a zero-size output whole on each device under a split sharding (a jax.Array
             # that cannot be read back)
             in_sh = tuple(None if not v.size else s for s, v in zip(in_sh, plan.graph.inputs))
-            jaxpr, params = self.jaxpr, self.params
-            self._staged = jax.jit(lambda *xs: tuple(bind(xs, jaxpr, params)), in_shardings=in_sh,
+            jaxpr, params, mesh = self.jaxpr, self.params, plan.mesh
+            self._staged = jax.jit(lambda *xs: tuple(bind(explicit.retyped(mesh, xs, in_sh), jaxpr, params)),
+                                   in_shardings=in_sh,
                                    out_shardings=out_sh, donate_argnums=self.donate)
         leaves = [x if (m := logical_shape(x)) is None else unpad(x, m) for x in leaves]  # plan.place's padding off
         try:
@@ -178,7 +180,7 @@ class Spmd:
         fast = not kwargs and not self._sig.static_argnums and not self._sig.static_argnames
         if fast:  # a call seen before with concrete arrays: flatten, key, lookup, the compiled call
             key, leaves, _ = call_key(args)
-            key = (key, compat.trace_context())
+            key = (key, compat.trace_context(), self._arg_types(leaves))
             e = self._fast.get(key)
             if e is not None:
                 exe = e.executable()
@@ -213,7 +215,7 @@ class Spmd:
 
     # -- planning ------------------------------------------------------------------------
     def _entry(self, call: Call) -> _Entry:
-        key = (call.key, compat.trace_context())
+        key = (call.key, compat.trace_context(), self._arg_types(call.leaves))
         e = self._entries.get(key)
         if e is None:
             # the user's trace and the plan with the collector paused (compiler.gc_paused says
@@ -223,6 +225,11 @@ class Spmd:
             if not e.closure:  # closed-over tracers belong to one trace: never cached
                 self._entries.put(key, e)
         return e
+
+    def _arg_types(self, leaves) -> tuple:
+        """Over a mesh with Explicit axes, per leaf the layout its type carries (api/explicit.py):
+        the function is traced with it, as under jax.jit, so it keys the plan caches; else ()."""
+        return explicit.arg_specs(self.mesh, leaves) if explicit.typed(self.mesh) else ()
 
     def open_pipelines(self, *args, **kwargs) -> tuple:
         """The open ``gp.pipeline`` calls (no schedule given) that tracing the function for these
@@ -246,10 +253,14 @@ class Spmd:
             box.append((out_tree, self._out_dims(out, flat), memory_kinds(self.out_shardings, out, "out_shardings")))
             return flat
 
-        mesh = self.mesh
+        mesh, avals = self.mesh, call.avals
+        if explicit.typed(mesh):  # inputs typed with their layouts, as jax.jit types them (api/explicit.py)
+            avals = explicit.input_types(mesh, avals, self._arg_types(call.leaves), self._in_dims(call))
         with tracing_mesh(mesh), constraint_errors(mesh), scheduled(decision) as found:
-            closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*call.avals))
+            closed, closure = hoist_tracer_consts(jax.make_jaxpr(flat_fn)(*avals))
         out_tree, out_dims, kinds = box[-1]
+        if explicit.typed(mesh):  # outputs laid out as their traced types say, as jax.jit returns them
+            out_dims = explicit.output_dims(mesh, closed.out_avals, out_dims)
         return closed, closure, out_tree, out_dims, kinds, found
 
     def _build(self, call: Call) -> _Entry:

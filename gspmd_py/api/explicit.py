@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
@@ -69,6 +70,82 @@ def type_dims(mesh: Mesh, aval) -> Optional[tuple]:
     explicit = set(mesh.explicit_axes)
     entries = [_entry_axes(spec[d] if d < len(spec) else None) for d in range(len(aval.shape))]
     return tuple(tuple(mesh.ref(a) for a in axes if a in explicit) for axes in entries)
+
+
+def arg_specs(mesh: Mesh, leaves: Sequence) -> tuple:
+    """Per argument leaf, the spec of its own layout over ``mesh``'s explicit axes when it has one
+    (a jax.Array or a tracer typed over a mesh of ``mesh``'s axis names and sizes), else None: what
+    jax.jit types an argument by, part of the plan cache key over such a mesh."""
+    out = []
+    for x in leaves:
+        sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+        if isinstance(x, jax.core.Tracer):
+            sharding = getattr(jax.typeof(x), "sharding", None)
+        dims = _sharding_dims(mesh, sharding, np.ndim(x) if sharding is not None else 0)
+        out.append(None if dims is None else _spec_of(dims))
+    return tuple(out)
+
+
+def input_types(mesh: Mesh, avals: Sequence, specs: Sequence, in_dims: Sequence) -> list:
+    """The inputs' avals typed as jax.jit types them over ``mesh``'s explicit axes: per input its
+    in_sharding's layout (``in_dims``), else the layout of the array passed (``arg_specs``), else
+    replicated; an axis that does not divide its dim is left out, as JAX leaves it out."""
+    jm = user_jax_mesh(mesh)
+    out = []
+    for a, spec, dims in zip(avals, specs, in_dims):
+        if dims is not None:
+            spec = _spec_of(tuple(() if d is None else tuple(r.name for r in d if r.whole) for d in dims))
+        typed = type_spec(mesh, spec if spec is not None else JP(), a.shape)
+        out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False),
+                                        sharding=NamedSharding(jm, typed)))
+    return out
+
+
+def output_dims(mesh: Mesh, avals: Sequence, dims: Sequence) -> list:
+    """Per output, its out_sharding's dims (``dims``), else the layout of its traced type (as jax.jit
+    returns it: an op's ``out_sharding=`` decides it): per dim its explicit axes; a dim with none is
+    replicated when every axis is Explicit, else left open for the Auto axes."""
+    all_explicit = len(mesh.explicit_axes) == len(mesh.axis_names)
+    out = []
+    for a, d in zip(avals, dims):
+        typed = type_dims(mesh, a) if d is None else None
+        if typed is None:
+            out.append(d)
+            continue
+        out.append(tuple(t if t or all_explicit else None for t in typed))
+    return out
+
+
+def retyped(mesh: Mesh, xs: Sequence, shardings: Sequence) -> list:
+    """``xs`` (values of the caller's trace) resharded to the layouts a staged call takes them in
+    (``shardings``, None: as they come) where their types say another: JAX lowers an operand of the
+    program's shard_map in its type's layout, which must be the one the program reads."""
+    if not typed(mesh):
+        return list(xs)
+    jm, out = user_jax_mesh(mesh), []
+    for x, s in zip(xs, shardings):
+        if s is not None:
+            want = type_spec(mesh, s.spec, x.shape)
+            have = _sharding_dims(mesh, getattr(jax.typeof(x), "sharding", None), len(x.shape))
+            if have is not None and _spec_of(have) != want:
+                x = jax.sharding.reshard(x, NamedSharding(jm, want))
+        out.append(x)
+    return out
+
+
+def _sharding_dims(mesh: Mesh, sharding, rank: int) -> Optional[tuple]:
+    spec, amesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or amesh is None or getattr(amesh, "empty", False):
+        return None
+    if tuple(amesh.axis_names) != mesh.axis_names or tuple(amesh.axis_sizes) != mesh.shape:
+        return None
+    explicit = set(mesh.explicit_axes)
+    return tuple(tuple(a for a in _entry_axes(spec[d] if d < len(spec) else None) if a in explicit)
+                 for d in range(rank))
+
+
+def _spec_of(dims: Sequence[Sequence[str]]) -> JP:
+    return JP(*[None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims])
 
 
 def cotangent_dims(mesh: Mesh, aval) -> Optional[tuple]:

@@ -36,13 +36,14 @@ ORIGIN = "jax.lax.with_sharding_constraint"
 
 @contextlib.contextmanager
 def tracing_mesh(mesh: Mesh | None) -> Iterator[None]:
-    """JAX's abstract mesh while gspmd_py traces: ``mesh`` with Auto axes, unless the caller set
+    """JAX's abstract mesh while gspmd_py traces: ``mesh`` with its axis types, unless the caller set
     one (``jax.set_mesh``): then that one, whose constraints are read over ``mesh`` at plan time
     (and refused when its axes differ)."""
     if mesh is None or not jax.sharding.get_abstract_mesh().empty:
         yield
         return
-    types = (AxisType.Auto,) * len(mesh.shape)
+    # Explicit axes stay Explicit: the function is traced as jax.jit traces it over such a mesh
+    types = tuple(AxisType.Explicit if t == "explicit" else AxisType.Auto for t in mesh.axis_types)
     if mesh.is_abstract:
         am = jax.sharding.AbstractMesh(mesh.shape, mesh.axis_names, axis_types=types)
     else:  # with its devices' kind, as a jax.shard_map's concrete mesh of that shape has (frontend/manual.py)

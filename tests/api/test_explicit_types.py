@@ -117,13 +117,14 @@ def test_mixed_axis_types_type_only_explicit_axes():
 def test_training_step_under_explicit_mesh():
     """A small training step (no Flax): jax.jit around jax.value_and_grad of a gp.spmd loss,
     parameters typed over the explicit mesh, SGD; matches the unpartitioned step and keeps the
-    parameters' types."""
+    parameters' types. The loss is traced as jax.jit traces it (its inputs typed), so the matmul
+    that contracts the y-sharded dim says its out_sharding, as it must under jax.jit."""
     jm = explicit_mesh(1)
     specs_ = {"w1": JP(None, "y"), "b1": JP("y"), "w2": JP("y", None)}
 
     def loss(params, x, t):
         h = jax.nn.relu(x @ params["w1"] + params["b1"])
-        return jnp.mean((h @ params["w2"] - t) ** 2)
+        return jnp.mean((jnp.matmul(h, params["w2"], out_sharding=JP("x", None)) - t) ** 2)
 
     f = gp.spmd(loss, jm, in_shardings=(specs_, JP("x", None), JP("x", None)))
 
@@ -144,9 +145,10 @@ def test_training_step_under_explicit_mesh():
             v, params = jstep(params, xs, ts)
             losses.append(float(v))
     ref, want = p0, []
-    for _ in range(3):
-        v, ref = step(loss)(ref, x, t)
-        want.append(float(v))
+    with jax.set_mesh(jm):  # (the out_sharding names the mesh's axes)
+        for _ in range(3):
+            v, ref = step(loss)(ref, x, t)
+            want.append(float(v))
     np.testing.assert_allclose(losses, want, rtol=1e-5)
     for k in p0:
         assert jax.typeof(params[k]).sharding.spec == specs_[k], k
@@ -175,3 +177,41 @@ def test_transformations_inside_jit_under_explicit_mesh():
         assert_same(got, t(fn)(arg), rtol=1e-4, atol=1e-4, what=name)
         if "grad" in name or name == "jacrev":
             assert jax.typeof(got).sharding.spec == JP(*[None] * got.ndim), (name, jax.typeof(got))
+
+
+def test_traced_as_jax_jit_traces_it():
+    """Red team 5: over an Explicit mesh the function is traced with its inputs typed by their
+    layouts (``jax.typeof(a)`` is ``float32[8@x,16]`` inside, as under jax.jit), so code that reads
+    its input's sharding computes what it computes under jax.jit, and an op's ``out_sharding=``
+    is the result's type, direct and staged, with and without ``jax.set_mesh``."""
+    import contextlib
+
+    jm = explicit_mesh(1)
+    a = put(jm, jnp.arange(128.0).reshape(8, 16), JP("x", None))
+    b = put(jm, jnp.ones((16, 12)) * 0.5, JP(None, "y"))
+    seen: list = []
+
+    def reads_type(a, b):
+        seen.append(str(jax.typeof(a)))
+        scale = 2.0 if jax.typeof(a).sharding.spec[0] == "x" else 1.0
+        return (a * scale) @ b
+
+    def typed_op(a, b):
+        return jnp.einsum("ij,jk->ik", a, b, out_sharding=JP(None, "y"))
+
+    for fn, ctx in [(reads_type, contextlib.nullcontext), (typed_op, lambda: jax.set_mesh(jm))]:
+        with ctx():
+            seen.clear()
+            want = jax.jit(fn)(a, b)
+            jit_seen = list(seen)
+            f = gp.spmd(fn, jm)
+            for got in (f(a, b), jax.jit(f)(a, b)):
+                assert str(jax.typeof(got)) == str(jax.typeof(want))
+                assert_same(got, want, **TOL)
+            assert set(seen) == set(jit_seen)  # what the function saw of its input's type
+        if fn is reads_type:
+            assert jit_seen == ["float32[8@x,16]"]
+            host = np.asarray(a)  # typed replicated: traced (and cached) apart from the typed call
+            assert_same(f(host, b), jax.jit(fn)(host, b), **TOL)
+        else:
+            assert str(jax.typeof(want)) == "float32[8,12@y]"
