@@ -10,8 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gspmd_py as gp
+import gspmd_py.testing as gpt
 from gspmd_py import jax_compat as compat
 
 MESH = gp.Mesh((2, 4), ("x", "y"))
@@ -181,3 +184,43 @@ def test_memory_kind_of_an_input_refused_clearly():
     s = NamedSharding(JAX_MESH, PartitionSpec("x"), memory_kind="pinned_host")
     with pytest.raises(gp.SpecError, match=r"in_shardings of arg0 asks for memory_kind='pinned_host'"):
         gp.spmd(lambda x: x * 2, JAX_MESH, in_shardings=s)(np.ones((8, 2), np.float32))
+
+
+def _typed_put(jm, x, spec):
+    """``x`` placed over ``jm`` in ``spec``, each dim keeping only axes that divide it (a jax.Array
+    must divide evenly)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sizes = dict(zip(jm.axis_names, jm.axis_sizes))
+    entries = []
+    for n, e in zip(x.shape, tuple(spec or ()) + (None,) * (x.ndim - len(spec or ()))):
+        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        k = int(np.prod([sizes[a] for a in axes], dtype=np.int64))
+        entries.append(None if not axes or n % k else e)
+    return jax.device_put(x, NamedSharding(jm, PartitionSpec(*entries)))
+
+
+@settings(max_examples=4, deadline=None)
+@given(prog=gpt.programs(dtypes=("float32", "bfloat16", "int32")), s=st.sampled_from([0.5, 3]),
+       explicit=st.booleans())
+def test_avals_as_jax_jit_for_random_programs(prog, s, explicit):
+    """gp.spmd returns what jax.jit returns: per output the same dtype, weak type, shape and, over a
+    mesh with Explicit axes (inputs typed by their layouts), the same sharding in the type."""
+    from jax.sharding import AxisType
+
+    shape, names, ids = prog.mesh
+    types = (AxisType.Explicit if explicit else AxisType.Auto,) * len(names)
+    jm = jax.sharding.Mesh(np.asarray(jax.devices())[list(ids)].reshape(shape), names, axis_types=types)
+    args = prog.args()
+    if explicit:
+        args = tuple(_typed_put(jm, np.asarray(a), spec) for a, (_, spec, *_) in zip(args, prog.inputs))
+    fn = lambda scale, *xs: (*prog(*xs), scale * 2, jnp.asarray(xs[0]).sum() * 0 + scale)  # (weak outputs too)
+    try:
+        want = jax.jit(fn)(s, *args)
+    except Exception as e:  # noqa: BLE001 - a type error over explicit axes: gp.spmd raises one too
+        with pytest.raises(type(e)):
+            gp.spmd(fn, jm)(s, *args)
+        return
+    got = gp.spmd(fn, jm)(s, *args)
+    view = (lambda x: str(jax.typeof(x))) if explicit else _type
+    assert [view(g) for g in got] == [view(w) for w in want]
