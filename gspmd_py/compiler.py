@@ -223,12 +223,14 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
                out_dims: Optional[Sequence[Optional[Dims]]] = None, out_labels: Optional[Sequence[str]] = None,
                donate_argnums: Sequence[int] = (), combine_threshold_bytes: Optional[int] = None, tactics: Sequence = (),
                leaves=None, args_tree=None, shaping: Shaping = Shaping(),
-               out_memory_kinds: Optional[Sequence[Optional[str]]] = None) -> Plan:
+               out_memory_kinds: Optional[Sequence[Optional[str]]] = None,
+               in_memory_kinds: Optional[Sequence[Optional[str]]] = None) -> Plan:
     """Plan a closed jaxpr over ``mesh``: the passes in order (see ``seed`` for the arguments
     that seed it). ``shaping``: collectives shaped for a hardware (partitioner/shaping.py);
     where it may use collective matmuls, the plan without them is built too and the faster
     one kept (the hardware's overlapped schedule of the whole program decides). ``out_memory_kinds``:
-    per output the memory kind its out_sharding asks for (None: its traced type's)."""
+    per output the memory kind its out_sharding asks for (None: its traced type's);
+    ``in_memory_kinds``: per input the one its in_sharding asks for (None: device memory)."""
     run = PassRun.from_env(name, mesh)  # dumps and verifies each pass's output (views/pass_check.py)
     graph = run("trace", trace(closed, mesh, in_names))
     graph = run("fold_shifts", fold_shifts(graph))
@@ -257,7 +259,8 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
         plan = Plan(name, mesh, g, prop, part.fine, part.shaping, part.diagnostics, program, idx, part.in_dims,
                     part.out_dims, part.op_plans, part.shardings, in_tree, out_tree, in_names,
                     donate_argnums=tuple(donate_argnums), combine_threshold_bytes=threshold, tactics=seeded.tactics,
-                    out_weak=out_weak, out_memory_kinds=out_kinds if any(out_kinds) else ())
+                    out_weak=out_weak, out_memory_kinds=out_kinds if any(out_kinds) else (),
+                    in_memory_kinds=tuple(in_memory_kinds) if any(in_memory_kinds or ()) else ())
         return plan.with_notes(*layout_notes(plan))  # what the boundary does to layouts the user's mesh cannot say
 
     with outside_user_mesh(), own_mesh(), gc_paused():

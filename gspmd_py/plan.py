@@ -77,6 +77,9 @@ class Plan:
     # per output, the memory kind it is returned in ("pinned_host"; None: device memory): its out_sharding's, else
     # its traced type's (a jax.device_put to host memory inside), as jax.jit returns it
     out_memory_kinds: tuple[Optional[str], ...] = attrs.field(default=(), converter=tuple)
+    # per input, the memory kind its in_sharding asks for ("pinned_host"; None: device memory): the program takes it
+    # there, as jax.jit does (the arguments are placed there; XLA reads them from it)
+    in_memory_kinds: tuple[Optional[str], ...] = attrs.field(default=(), converter=tuple)
 
     def __repr__(self) -> str:
         return f"<Plan of {self.fn_name} on {self.mesh}>"

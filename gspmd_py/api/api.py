@@ -289,11 +289,12 @@ class Spmd:
             in_tree = jax.tree_util.tree_structure((list(range(n_c)), jax.tree_util.tree_unflatten(
                 call.in_tree, [0] * len(call.leaves))))
         donate = tuple(n_c + i for i, d in enumerate(call.donated) if d)
+        in_kinds = [None] * n_c + self._in_kinds(call)
         plan = plan_jaxpr(closed, mesh, name=name, in_tree=in_tree, out_tree=out_tree, in_names=in_names,
                           in_dims=in_dims, in_labels=labels, out_dims=out_dims, out_labels=out_labels,
                           donate_argnums=donate, combine_threshold_bytes=self.combine_threshold_bytes,
                           tactics=self.tactics, leaves=leaves, args_tree=args_tree, shaping=self.shaping,
-                          out_memory_kinds=out_kinds)
+                          out_memory_kinds=out_kinds, in_memory_kinds=in_kinds)
         params = SpmdParams(mesh, name, plan=plan, combine_threshold_bytes=self.combine_threshold_bytes,
                             shaping=self.shaping, in_shardings=_given(in_dims, labels),
                             out_shardings=tuple(Given(d, lab) for d, lab in zip(out_dims, out_labels)))
@@ -313,16 +314,19 @@ class Spmd:
                 f"the sharded arguments positionally")
         n = len(jax.tree_util.tree_leaves(tuple(args)))
         avals, names = call.avals[:n], call.names[:n]
-        for name, kind in zip(names, memory_kinds(self.in_shardings, tuple(args), "in_shardings")):
-            if kind is not None:
-                raise SpecError(
-                    f"{self._sig.fn_name}: in_shardings of {name} asks for memory_kind={kind!r}: gspmd_py's program "
-                    f"takes its inputs in device memory (its body cannot read host memory); give the sharding without "
-                    f"memory_kind and move the value in the function (jax.device_put to the device), or pass it in "
-                    f"device memory")
         dims = spec_dims(self.mesh, self.in_shardings, tuple(args), [len(a.shape) for a in avals],
                          [_type_str(a) for a in avals], "in_shardings", names)
         return list(dims) + [None] * (len(call.leaves) - n)
+
+    def _in_kinds(self, call: Call) -> list[Optional[str]]:
+        """Per dynamic leaf, the memory kind its in_sharding asks for (a jax NamedSharding's
+        ``memory_kind``; None: device memory), as _in_dims reads the specs."""
+        if self.in_shardings is None:
+            return [None] * len(call.leaves)
+        tree = jax.tree_util.tree_unflatten(call.in_tree, list(call.leaves))
+        args = tuple(tree[0] if call.kw_form else tree)
+        kinds = memory_kinds(self.in_shardings, args, "in_shardings")
+        return kinds + [None] * (len(call.leaves) - len(kinds))
 
     def _out_dims(self, out, flat) -> list[Optional[Dims]]:
         if self.out_shardings is None:

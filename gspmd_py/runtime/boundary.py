@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ..core.errors import ArgumentError, DeletedArrayError
+from .layout import input_sharding
 from .placed import MARK, logical_shape, mark, unpad
 
 
@@ -78,7 +79,7 @@ class Boundary:
 
             ref = weakref.ref(plan)  # no plan <-> boundary cycle
             glob = lambda leaves: place_global(ref(), list(leaves))  # noqa: E731
-        return cls([NamedSharding(plan.jax_mesh, spec) for spec in plan.in_specs],
+        return cls([input_sharding(plan, i) for i in range(len(plan.in_specs))],
                    [v.shape for v in plan.graph.inputs], plan.padded_in_shapes,
                    [v.dtype for v in plan.graph.inputs], glob, jaxpr,
                    tuple(plan.donate_argnums), list(plan.in_names), plan.fn_name)

@@ -89,6 +89,13 @@ def boundary_sharding(plan, fdims) -> NamedSharding:
     return NamedSharding(plan.jax_mesh, fine_spec(fdims))
 
 
+def input_sharding(plan, i: int) -> NamedSharding:
+    """The sharding the program takes input ``i`` in: its layout over the plan's mesh, in the memory
+    kind its in_sharding asked for (plan.in_memory_kinds; device memory by default)."""
+    sharding, kinds = NamedSharding(plan.jax_mesh, plan.in_specs[i]), plan.in_memory_kinds
+    return sharding.with_memory_kind(kinds[i]) if i < len(kinds) and kinds[i] else sharding
+
+
 def boundary_note(fine: FineMesh, mesh: Mesh, fdims, what: str) -> Optional[str]:
     """Why ``boundary_sharding`` returns ``what`` over the execution mesh (None: it does not)."""
     if fine.names == mesh.axis_names:

@@ -28,7 +28,7 @@ from ..core.errors import ArgumentError, ShardingError
 from ..frontend.constraints import outside_user_mesh
 from ..partitioner.host_calls import raise_failures
 from .boundary import Boundary
-from .layout import boundary_sharding, own_mesh
+from .layout import boundary_sharding, input_sharding, own_mesh
 
 
 def out_shardings(plan) -> Optional[tuple]:
@@ -175,7 +175,7 @@ def jit_program(plan, out_shardings: Optional[Sequence[NamedSharding]]):
 
     jit_kw = {} if out_shardings is None else {
         "out_shardings": tuple(out_shardings),  # and in_shardings, so that donated inputs can alias outputs
-        "in_shardings": tuple(NamedSharding(plan.jax_mesh, s) for s in in_specs)}
+        "in_shardings": tuple(input_sharding(plan, i) for i in range(len(in_specs)))}
     return jax.jit(program_fn, donate_argnums=plan.donate_argnums, **jit_kw)
 
 

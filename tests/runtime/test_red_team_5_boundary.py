@@ -178,12 +178,22 @@ def test_memory_kinds_of_outputs_as_jax_jit(kind):
     assert want[0].sharding.memory_kind == ("pinned_host" if kind == "pinned_host" else "device")  # (device_put)
 
 
-def test_memory_kind_of_an_input_refused_clearly():
+@pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
+def test_memory_kinds_of_inputs_as_jax_jit(kind):
+    """in_shardings with a memory kind: the program takes the input in that memory (its compiled
+    input sharding says so, as jax.jit's does) and computes what jax.jit computes, direct and staged."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    s = NamedSharding(JAX_MESH, PartitionSpec("x"), memory_kind="pinned_host")
-    with pytest.raises(gp.SpecError, match=r"in_shardings of arg0 asks for memory_kind='pinned_host'"):
-        gp.spmd(lambda x: x * 2, JAX_MESH, in_shardings=s)(np.ones((8, 2), np.float32))
+    s = NamedSharding(JAX_MESH, PartitionSpec("x"), memory_kind=kind)
+    fn = lambda x, w: jnp.tanh(x @ w)
+    a, w = np.arange(32, dtype=np.float32).reshape(8, 4) / 10, np.ones((4, 3), np.float32)
+    f = gp.spmd(fn, JAX_MESH, in_shardings=(s, None))
+    want = jax.jit(fn, in_shardings=(s, None))(a, w)
+    assert jax.jit(fn, in_shardings=(s, None)).lower(a, w).compile().input_shardings[0][0].memory_kind == kind
+    assert f.executable(a, w).compiled().input_shardings[0][0].memory_kind == kind
+    for got in (f(a, w), f(jax.device_put(a, s), w), jax.jit(f)(a, w)):
+        assert got.sharding.memory_kind == want.sharding.memory_kind
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def _typed_put(jm, x, spec):
