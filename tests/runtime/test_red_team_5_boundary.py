@@ -214,8 +214,9 @@ def _typed_put(jm, x, spec):
 @given(prog=gpt.programs(dtypes=("float32", "bfloat16", "int32")), s=st.sampled_from([0.5, 3]),
        explicit=st.booleans())
 def test_avals_as_jax_jit_for_random_programs(prog, s, explicit):
-    """gp.spmd returns what jax.jit returns: per output the same dtype, weak type, shape and, over a
-    mesh with Explicit axes (inputs typed by their layouts), the same sharding in the type."""
+    """gp.spmd returns what jax.jit returns, called directly and inside jax.jit: per output the same
+    dtype, weak type, shape and, over a mesh with Explicit axes (inputs typed by their layouts),
+    the same sharding in the type."""
     from jax.sharding import AxisType
 
     shape, names, ids = prog.mesh
@@ -231,6 +232,7 @@ def test_avals_as_jax_jit_for_random_programs(prog, s, explicit):
         with pytest.raises(type(e)):
             gp.spmd(fn, jm)(s, *args)
         return
-    got = gp.spmd(fn, jm)(s, *args)
+    f = gp.spmd(fn, jm)
     view = (lambda x: str(jax.typeof(x))) if explicit else _type
-    assert [view(g) for g in got] == [view(w) for w in want]
+    for got in (f(s, *args), jax.jit(f)(s, *args)):  # direct and staged
+        assert [view(g) for g in got] == [view(w) for w in want]
