@@ -180,7 +180,7 @@ class Spmd:
         fast = not kwargs and not self._sig.static_argnums and not self._sig.static_argnames
         if fast:  # a call seen before with concrete arrays: flatten, key, lookup, the compiled call
             key, leaves, _ = call_key(args)
-            key = (key, compat.trace_context(), self._arg_types(leaves))
+            key = (key, compat.trace_context(), explicit.arg_layouts(leaves) if explicit.typed(self.mesh) else ())
             e = self._fast.get(key)
             if e is not None:
                 exe = e.executable()

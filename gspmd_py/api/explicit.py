@@ -86,6 +86,13 @@ def arg_specs(mesh: Mesh, leaves: Sequence) -> tuple:
     return tuple(out)
 
 
+def arg_layouts(leaves: Sequence) -> tuple:
+    """Per concrete array leaf its sharding (None for others): what ``arg_specs`` reads, cheap
+    (0.1 us a leaf, against 4 us for the spec): the direct call's cache key over such a mesh."""
+    return tuple(x.sharding if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else None
+                 for x in leaves)
+
+
 def input_types(mesh: Mesh, avals: Sequence, specs: Sequence, in_dims: Sequence) -> list:
     """The inputs' avals typed as jax.jit types them over ``mesh``'s explicit axes: per input its
     in_sharding's layout (``in_dims``), else the layout of the array passed (``arg_specs``), else
