@@ -67,7 +67,7 @@ import attrs
 import jax
 from jax.extend.core import ClosedJaxpr
 
-from . import jax_compat as compat
+from .core import jax_compat as compat
 from .frontend import shifts
 from .frontend.constraints import outside_user_mesh
 from .core.errors import AnnotationError

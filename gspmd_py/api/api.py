@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import attrs
 import jax
 
-from .. import jax_compat as compat
+from ..core import jax_compat as compat
 from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
 from ..runtime.executable import Executable
