@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import gspmd_py as gp
 import gspmd_py.testing as gpt
-from gspmd_py import jax_compat as compat
+from gspmd_py.core import jax_compat as compat
 
 MESH = gp.Mesh((2, 4), ("x", "y"))
 JAX_MESH = jax.sharding.Mesh(MESH.jax_devices().reshape(2, 4), ("x", "y"))
