@@ -44,6 +44,7 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
 from ..ops import facts_of
+from ..ops.collectives import FLAT_GATHER, FLAT_SCATTER, NO_MERGE, VARIADIC, kind_of
 from . import variadic
 from .program_index import Body, EqnIndex, ProgramIndex, equations_of
 
@@ -65,7 +66,8 @@ def collective_key(e: EqnIndex) -> Optional[tuple]:
     if c is None or not facts_of(e.prim).combinable or c.grouped or c.operands != 1 \
             or isinstance(e.eqn.invars[0], Literal):  # (a constant: nothing to merge)
         return None
-    if e.prim in ("all_gather", "reduce_scatter") and not c.tiled:
+    merge = kind_of(facts_of(e.prim).collective).merge
+    if merge == NO_MERGE or merge in (FLAT_GATHER, FLAT_SCATTER) and not c.tiled:
         return None
     return e.prim, c.axes, c.dtype
 
@@ -151,10 +153,11 @@ def _run_group(body: Body, g: Group, read: Callable):
     eqns = [body.entries[i].eqn for i in g.members]
     xs = [read(e.invars[0]) for e in eqns]
     name, axes, _ = g.key
-    if name in ("psum", "pmax", "pmin"):  # one equation over every operand, no flat buffer (variadic.py)
+    merge = kind_of(facts_of(name).collective).merge
+    if merge == VARIADIC:  # one equation over every operand, no flat buffer (variadic.py)
         return variadic.all_reduce(name, xs, axes)
     k = int(eqns[0].params["axis_size"])
-    if name == "all_gather":
+    if merge == FLAT_GATHER:
         flat = jnp.concatenate([x.reshape(-1) for x in xs])
         got = lax.all_gather(flat, axes, axis=0, tiled=False)  # [k, L]
         outs, off = [], 0
@@ -166,7 +169,7 @@ def _run_group(body: Body, g: Group, read: Callable):
             outs.append(piece.reshape(x.shape[:d] + (k * x.shape[d],) + x.shape[d + 1:]))
             off += n
         return outs
-    # reduce_scatter: split each scatter dim into its k blocks, scatter them all at once
+    # FLAT_SCATTER: split each scatter dim into its k blocks, scatter them all at once
     blocks, shapes = [], []
     for x, e in zip(xs, eqns):
         d = e.params["scatter_dimension"]
