@@ -52,6 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..ops import facts as F
+from ..ops import facts_of
 from ..ops.collectives import ALL_GATHER, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from ..core import dtypes
 from . import hierarchy
@@ -167,8 +169,13 @@ def _put(y, part, od: int, start):
     return lax.dynamic_update_slice(y, part, at)
 
 
+def _two_operand_dot(op) -> bool:
+    """A dot of two operands (dot_general; a ragged dot's third operand, its group sizes, rules it out)."""
+    return facts_of(op.prim).flops == F.DOT_FLOPS and len(op.inputs) == 2
+
+
 def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional[list[PValue]]:
-    if op.prim != "dot_general" or not ctx.shaping.matmul or any(a.partial is not None for a in args):
+    if not _two_operand_dot(op) or not ctx.shaping.matmul or any(a.partial is not None for a in args):
         return None
     found = looped_operand(op, args, targets)
     if found is None:

@@ -11,7 +11,7 @@ from jax import lax
 import gspmd_py as gp
 from gspmd_py.cost.collectives import collective_time, sent_bytes
 from gspmd_py.cost.topology import Level, Link
-from gspmd_py.fine_mesh import FineMesh
+from gspmd_py.core.fine_mesh import FineMesh
 from gspmd_py.ops import collectives as K
 from gspmd_py.ops import declared, facts_of
 from gspmd_py.program.combine import combine
