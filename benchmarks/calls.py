@@ -117,7 +117,7 @@ def run_program(prog: Program, quick: bool, repeats: int, first_repeats: int) ->
     t = once_interleaved({"first_ours": fresh_ours, "first_jit": fresh_jit}, repeats=first_repeats)
     res.first_ours, res.first_jit = t["first_ours"], t["first_jit"]
     res.colls_ours = hlo.summarize([(x.kind, x.bytes_per_device) for x in c.plan.collectives])
-    res.colls_ours_hlo = hlo.summarize(hlo.hlo_collectives(c.plan.compiled().as_text()))
+    res.colls_ours_hlo = hlo.summarize(hlo.hlo_collectives(c.plan.lower().compile().as_text()))
     res.colls_xla = hlo.summarize(hlo.hlo_collectives(c.jit_compiled.as_text()))
     return res
 

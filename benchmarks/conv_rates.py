@@ -33,7 +33,7 @@ plans = {
 runs = []
 for name, f in plans.items():
     plan = f.plan(*args)
-    exe = plan.compiled(); placed = plan.place(args); jax.block_until_ready(exe(*placed))
+    exe = plan.lower().compile().compiled; placed = plan.place(args); jax.block_until_ready(exe(*placed))
     runs.append((name, plan, exe, placed, []))
 cal = Calibrator(mesh); cal.sample(); [p.times.clear() for p in cal.probes]
 R = int(sys.argv[1]) if len(sys.argv) > 1 else 9

@@ -91,7 +91,7 @@ def measure(rounds: int, png=None) -> dict:
     runs = []
     for cfg in CONFIGS:
         plan, np_args = build(cfg)
-        exe = plan.compiled()
+        exe = plan.lower().compile().compiled
         placed = plan.place(jax.tree_util.tree_leaves(np_args))
         jax.block_until_ready(exe(*placed))  # warm-up
         runs.append((cfg, plan, exe, placed, []))

@@ -135,7 +135,7 @@ def _more_flops(o: Counts, x: Counts) -> bool:
 
 
 def _notes(plan) -> str:
-    notes = [f"fallback: {f.reason}" for f in plan.fallbacks] + [n.split("): ", 1)[-1] for n in plan.ctx.notes]
+    notes = [f"fallback: {f.reason}" for f in plan.fallbacks] + [n.split("): ", 1)[-1] for n in plan.diagnostics.notes]
     boundary = sum(c.bytes_per_device for c in plan.collectives if c.op == "boundary")
     if boundary:
         notes.insert(0, f"{boundary:,} B at the program boundary (uneven input re-laid out)")

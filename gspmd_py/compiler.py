@@ -1,10 +1,16 @@
 """The compiler: a closed jaxpr and a mesh in, a Plan out, by named passes over plain data.
 
-    PASSES = ("trace", "fold_shifts", "seed", "apply_tactics", "propagate", "partition",
-              "index", "combine", "reindex", "choose_matmul")
+``PASSES`` is a list of pass records (partitioner/passes.py's ``Pass``: a name, the entries
+of the state it reads, the entry it writes, what its dump and verifier read beside it)::
 
-``plan_jaxpr`` runs exactly these, in this order (``partition`` to ``reindex`` run twice
-where ``choose_matmul`` compares two plans); each is the function of that name here:
+    trace, fold_shifts, seed, apply_tactics, propagate, partition, index, combine, reindex,
+    choose_matmul
+
+``plan_jaxpr`` runs exactly these, in this order, by one driver (``run_passes``; the slice
+from ``partition`` to ``reindex`` runs twice where ``choose_matmul`` compares two plans);
+the search prices each candidate by running that same slice of this list (``apply_tactics``
+hands it to the search), so a pass added there is run by both. Each is also the function of
+that name here, to run on its own:
 
 * ``trace``: the user's jaxpr -> ``ir.Graph`` (dead code removed), each output a value of
   its own (its port, below).
@@ -76,7 +82,8 @@ from .runtime.layout import layout_notes, own_mesh
 from .core.mesh import Mesh
 from .program import combine as combiner
 from .core.fine_mesh import FineMesh
-from .partitioner.passes import Partitioned, index_program, partition_graph
+from .partitioner.passes import (PROGRAM_PASSES, Partitioned, Pass, index_program, partition_graph,
+                                 program_passes, run_passes)
 from .partitioner.passes import reindex as reindex_program
 from .views.pass_check import PassRun
 from .partitioner.program import warn_fallbacks
@@ -89,9 +96,6 @@ from .frontend.trace import trace_jaxpr
 
 Dims = tuple  # per tensor dim: a tuple of AxisRefs
 
-#: the passes, in the order ``plan_jaxpr`` runs them; each is the function of that name here
-PASSES: tuple[str, ...] = ("trace", "fold_shifts", "seed", "apply_tactics", "propagate", "partition", "index",
-                           "combine", "reindex", "choose_matmul")
 DEFAULT_THRESHOLD_BYTES = combiner.DEFAULT_THRESHOLD_BYTES
 
 
@@ -146,10 +150,13 @@ def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]
 
 
 def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=None, args_tree=None,
-                  donate_argnums: Sequence[int] = ()) -> Seeded:
+                  donate_argnums: Sequence[int] = (), passes: Optional[Sequence[Pass]] = None,
+                  combine_threshold_bytes: Optional[int] = None) -> Seeded:
     """Pass 4: ``seeded`` with the decisions of ``tactics`` (gp.tactics entries: batch, rules,
     zero, auto: the sharding search) added as seeds, each tactic over its axes, in order;
-    ``Seeded.tactics`` records what each decided. No tactics: ``seeded`` itself."""
+    ``Seeded.tactics`` records what each decided. No tactics: ``seeded`` itself. The search
+    prices a candidate by running ``passes`` (``partition`` to ``reindex``; None:
+    ``PROGRAM_PASSES``) with the combiner's ``combine_threshold_bytes``."""
     if not tactics:
         return seeded
     from .search.context import Leaf, TacticContext
@@ -158,8 +165,10 @@ def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=
     graph = seeded.graph
     in_names = [v.name or f"arg{i}" for i, v in enumerate(graph.inputs)]
     leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
-    ctx = run_tactics(tactics, TacticContext(graph, mesh, leaves, list(seeded.seeds), args_tree,
-                                             tuple(donate_argnums)))
+    ctx = TacticContext(graph, mesh, leaves, list(seeded.seeds), args_tree, tuple(donate_argnums),
+                        passes=None if passes is None else tuple(passes),
+                        combine_threshold_bytes=combine_threshold_bytes)
+    ctx = run_tactics(tactics, ctx)
     return Seeded(graph, tuple(ctx.seeds()), seeded.tactics + tuple(ctx.log))
 
 
@@ -188,12 +197,10 @@ def propagate(graph: Graph, mesh: Mesh, seeds: Sequence[Seed]) -> Propagation:
     return Propagation(graph, mesh, seeds).run()
 
 
-def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Shaping(), *,
-              name: str = "f") -> Partitioned:
+def partition(graph: Graph, mesh: Mesh, prop: Propagation, shaping: Shaping = Shaping()) -> Partitioned:
     """Pass 6: the per-device program that computes ``graph`` under ``prop``'s shardings,
     traced once (``jax.make_jaxpr`` over the fine mesh's axes), and its diagnostics
     (partitioner/passes.py; the search's pricer runs the same)."""
-    check_tag_names(graph, name)
     return partition_graph(graph, mesh, prop, shaping)
 
 
@@ -218,6 +225,56 @@ def reindex(idx: ProgramIndex, program: ClosedJaxpr, fine: FineMesh, graph: Grap
 
 
 # -- all of them --------------------------------------------------------------------------
+def _seed(s) -> Seeded:
+    check_tag_names(s["graph"], s["name"])  # one gp.tag name, one place (before anything reads the tags)
+    return seed(s["graph"], s["mesh"], in_dims=s["in_dims"], in_labels=s["in_labels"], out_dims=s["out_dims"],
+                out_labels=s["out_labels"])
+
+
+def _choose_matmul(s) -> Plan:
+    return choose_matmul(assemble(s), s["rebuild"])
+
+
+#: the passes, in the order ``plan_jaxpr`` runs them (see the module doc); the state they
+#: start from holds plan_jaxpr's arguments by name, and ``rebuild`` (``choose_matmul``'s
+#: way to build the plan again with another shaping: this list's program slice run again)
+PASSES: tuple[Pass, ...] = (
+    Pass("trace", lambda s: trace(s["closed"], s["mesh"], s["in_names"]), ("closed", "mesh", "in_names"), "graph"),
+    Pass("fold_shifts", lambda s: fold_shifts(s["graph"]), ("graph",), "graph"),
+    Pass("seed", _seed, ("graph", "mesh", "name", "in_dims", "in_labels", "out_dims", "out_labels"), "seeded"),
+    Pass("apply_tactics", lambda s: apply_tactics(s["seeded"], s["mesh"], s["tactics"], leaves=s["leaves"],
+                                                  args_tree=s["args_tree"], donate_argnums=s["donate_argnums"],
+                                                  passes=program_passes(s["passes"]),
+                                                  combine_threshold_bytes=s["threshold"]),
+         ("seeded", "mesh", "tactics", "leaves", "args_tree", "donate_argnums", "passes", "threshold"), "seeded"),
+    Pass("propagate", lambda s: propagate(s["seeded"].graph, s["mesh"], s["seeded"].seeds), ("seeded", "mesh"),
+         "prop", ("graph",)),
+    *PROGRAM_PASSES,
+    Pass("choose_matmul", _choose_matmul, ("name", "mesh", "graph", "prop", "part", "program", "idx", "seeded",
+                                           "in_tree", "out_tree", "donate_argnums", "threshold", "rebuild",
+                                           "closed", "out_memory_kinds", "in_memory_kinds"), "plan"),
+)
+
+
+def assemble(s) -> Plan:
+    """The Plan of what the passes made (``s``: the state, by name), with the notes the
+    boundary adds on layouts the user's mesh cannot say."""
+    g, part = s["graph"], s["part"]
+    out_avals = s["closed"].out_avals
+    out_weak = tuple(bool(getattr(a, "weak_type", False)) for a in out_avals)  # results keep them, as jax.jit's
+    given = list(s["out_memory_kinds"] or ())
+    given += [None] * (len(out_avals) - len(given))
+    out_kinds = tuple(k or compat.memory_kind(a) for k, a in zip(given, out_avals))
+    in_kinds = s["in_memory_kinds"]
+    plan = Plan(s["name"], s["mesh"], g, s["prop"], part.fine, part.shaping, part.diagnostics, s["program"], s["idx"],
+                part.in_dims, part.out_dims, part.op_plans, part.shardings, s["in_tree"], s["out_tree"],
+                [v.name for v in g.inputs], donate_argnums=tuple(s["donate_argnums"]),
+                combine_threshold_bytes=s["threshold"], tactics=s["seeded"].tactics,
+                out_weak=out_weak, out_memory_kinds=out_kinds if any(out_kinds) else (),
+                in_memory_kinds=tuple(in_kinds) if any(in_kinds or ()) else ())
+    return plan.with_notes(*layout_notes(plan))
+
+
 def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in_names: Optional[list[str]] = None,
                in_dims: Optional[Sequence[Optional[Dims]]] = None, in_labels: Optional[Sequence[str]] = None,
                out_dims: Optional[Sequence[Optional[Dims]]] = None, out_labels: Optional[Sequence[str]] = None,
@@ -225,47 +282,31 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
                leaves=None, args_tree=None, shaping: Shaping = Shaping(),
                out_memory_kinds: Optional[Sequence[Optional[str]]] = None,
                in_memory_kinds: Optional[Sequence[Optional[str]]] = None) -> Plan:
-    """Plan a closed jaxpr over ``mesh``: the passes in order (see ``seed`` for the arguments
+    """Plan a closed jaxpr over ``mesh``: ``PASSES`` in order (see ``seed`` for the arguments
     that seed it). ``shaping``: collectives shaped for a hardware (partitioner/shaping.py);
     where it may use collective matmuls, the plan without them is built too and the faster
     one kept (the hardware's overlapped schedule of the whole program decides). ``out_memory_kinds``:
     per output the memory kind its out_sharding asks for (None: its traced type's);
     ``in_memory_kinds``: per input the one its in_sharding asks for (None: device memory)."""
-    run = PassRun.from_env(name, mesh)  # dumps and verifies each pass's output (views/pass_check.py)
-    graph = run("trace", trace(closed, mesh, in_names))
-    graph = run("fold_shifts", fold_shifts(graph))
-    in_names = [v.name for v in graph.inputs]
-    seeded = run("seed", seed(graph, mesh, in_dims=in_dims, in_labels=in_labels, out_dims=out_dims,
-                              out_labels=out_labels))
-    seeded = run("apply_tactics", apply_tactics(seeded, mesh, tactics, leaves=leaves, args_tree=args_tree,
-                                                donate_argnums=donate_argnums))
-    if in_tree is None:
-        in_tree = jax.tree_util.tree_structure([0] * len(graph.inputs))
-    if out_tree is None:
-        out_tree = jax.tree_util.tree_structure([0] * len(graph.outputs))
+    observe = PassRun.from_env(name, mesh)  # dumps and verifies each pass's output (views/pass_check.py)
+    passes = PASSES
     threshold = DEFAULT_THRESHOLD_BYTES if combine_threshold_bytes is None else combine_threshold_bytes
-    g = seeded.graph
-    out_weak = tuple(bool(getattr(a, "weak_type", False)) for a in closed.out_avals)
-    given_kinds = list(out_memory_kinds or ()) + [None] * (len(closed.out_avals) - len(out_memory_kinds or ()))
-    out_kinds = tuple(k or compat.memory_kind(a) for k, a in zip(given_kinds, closed.out_avals))
-    prop = run("propagate", propagate(g, mesh, seeded.seeds), graph=g)
-
-    def build(shaping: Shaping) -> Plan:
-        part = run("partition", partition(g, mesh, prop, shaping, name=name), graph=g)
-        raw = run("index", index(part.program, part.fine, g), graph=g)
-        program = run("combine", combine(raw, threshold, part.fine))
-        idx = run("reindex", reindex(raw, program, part.fine, g), graph=g, raw=raw,
-                  fresh=lambda p: index(p, part.fine, g))
-        plan = Plan(name, mesh, g, prop, part.fine, part.shaping, part.diagnostics, program, idx, part.in_dims,
-                    part.out_dims, part.op_plans, part.shardings, in_tree, out_tree, in_names,
-                    donate_argnums=tuple(donate_argnums), combine_threshold_bytes=threshold, tactics=seeded.tactics,
-                    out_weak=out_weak, out_memory_kinds=out_kinds if any(out_kinds) else (),
-                    in_memory_kinds=tuple(in_memory_kinds) if any(in_memory_kinds or ()) else ())
-        return plan.with_notes(*layout_notes(plan))  # what the boundary does to layouts the user's mesh cannot say
-
+    state = dict(closed=closed, mesh=mesh, name=name, in_names=in_names, in_dims=in_dims, in_labels=in_labels,
+                 out_dims=out_dims, out_labels=out_labels, tactics=tactics, leaves=leaves, args_tree=args_tree,
+                 donate_argnums=tuple(donate_argnums), threshold=threshold, shaping=shaping, passes=passes,
+                 out_memory_kinds=out_memory_kinds, in_memory_kinds=in_memory_kinds)
+    state["rebuild"] = lambda other: assemble(run_passes(program_passes(passes), {**state, "shaping": other}, observe))
+    # the passes before the program's are run as they are (the search, in apply_tactics, collects
+    # its own garbage); from partition on, off the user's mesh, with the collector paused
+    cut = [p.name for p in passes].index("partition")
+    run_passes(passes[:cut], state, observe)
+    graph = state["graph"]
+    state["in_tree"] = jax.tree_util.tree_structure([0] * len(graph.inputs)) if in_tree is None else in_tree
+    state["out_tree"] = jax.tree_util.tree_structure([0] * len(graph.outputs)) if out_tree is None else out_tree
     with outside_user_mesh(), own_mesh(), gc_paused():
-        plan = run("choose_matmul", choose_matmul(build(shaping), build))
-    run.finish(plan)
+        run_passes(passes[cut:], state, observe)
+    plan = state["plan"]
+    observe.finish(plan)
     warn_fallbacks(plan.diagnostics)
     return plan
 

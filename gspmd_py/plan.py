@@ -4,18 +4,16 @@
     plan.sharding_of("hidden"), plan.collectives, plan.report(), plan.spmd_text()
 
 A Plan is immutable (a frozen attrs class: setting an attribute raises). Its fields are the
-passes' results; what is derived from them (the boundary's specs and shapes, the JAX mesh)
-is computed on first use and kept (pure functions of the fields). Its later stages are new
-values, as JAX's (runtime/stages.py)::
+passes' results; what is derived from them (the boundary's specs and shapes, the JAX mesh,
+its first stage) is computed on first use and kept (pure functions of the fields). Its
+stages, as JAX's (runtime/stages.py), are the one run-time object::
 
-    lowered = plan.lower()        # Lowered: .as_text() (StableHLO), .compile()
-    compiled = lowered.compile()  # Compiled: .as_text() (HLO), compiled(*args) runs it
+    lowered = plan.lower()        # Lowered: .as_text() (StableHLO), .compile(); the plan's own, built once
+    compiled = lowered.compile()  # Compiled: .as_text() (HLO), compiled(*args) runs it; compiled once
 
-The plan never holds them, and running one changes nothing in the plan. ``plan.compiled()``,
-``plan.lower_text()``, ``plan.run(...)``, ``plan.place(...)``, ``plan.jitted``,
-``plan.traced``, ``plan.boundary``, ``plan.executable`` (a run-time handle, as gp.spmd keeps
-one per plan cache entry: runtime/executable.py) still work: each builds what it returns on
-demand. A note added after the build makes a new plan (``with_notes``).
+``plan.run(leaves)`` and ``plan.place(leaves)`` run that Compiled stage (gp.spmd's call runs
+the same), so however a plan is run it compiles once. A note added after the build makes a
+new plan (``with_notes``).
 """
 from __future__ import annotations
 
@@ -41,6 +39,7 @@ from .partitioner.pvalue import FineDims, ceil_div, local_shape, shards
 from .partitioner.shaping import Shaping
 from .propagation import Propagation
 from .runtime.layout import fine_spec
+from .runtime.stages import Lowered
 from .core.sharding import Sharding
 
 
@@ -118,11 +117,6 @@ class Plan:
         return shards(self.fine.size_of, axes)
 
     @property
-    def ctx(self) -> Diagnostics:
-        """``self.diagnostics``, under the name plans had for the partitioner's record before."""
-        return self.diagnostics
-
-    @property
     def fallbacks(self) -> list[Fallback]:
         return list(self.diagnostics.fallbacks)
 
@@ -158,60 +152,30 @@ class Plan:
         return self.fine.jax_mesh()
 
     # -- its stages: Plan -> Lowered -> Compiled (runtime/stages.py) ----------------------
-    def lower(self, platforms=None):
-        """A new ``Lowered`` stage (runtime/stages.py): the program's jit traced and lowered
-        (``platforms``: default the backend's; CPU on an abstract mesh). ``.as_text()``: its
-        StableHLO; ``.compile()``: a new ``Compiled`` (``.as_text()``, called as ``f`` is)."""
-        from .runtime.stages import Lowered
+    def lower(self, platforms=None) -> Lowered:
+        """The plan's ``Lowered`` stage (runtime/stages.py): the program's jit, traced and
+        lowered on first use, built once (``platforms``: lowered for these instead, a new
+        stage; default the backend's, CPU on an abstract mesh). ``.as_text()``: its StableHLO;
+        ``.compile()``: its ``Compiled`` (``.as_text()``, called as ``f`` is), compiled once."""
+        return self._lowered if platforms is None else Lowered.of(self, platforms=platforms)
 
-        return Lowered.of(self, platforms=platforms)
-
-    # The members below are kept for callers of earlier versions; each builds what it returns
-    # on demand, anew on every call (the plan caches no stage): keep the object you reuse.
-    @property
-    def executable(self):
-        """A new run-time handle (runtime/executable.py's Executable: the jit, its compiled stage
-        built once per handle). gp.spmd keeps one per plan cache entry."""
-        from .runtime.executable import Executable
-
-        return Executable(self)
-
-    @property
-    def jitted(self):
-        """A new ``jax.jit`` of the SPMD program: padded global inputs in, global outputs out."""
-        from .runtime.stages import jit_program
-        from .runtime.stages import out_shardings
-
-        return jit_program(self, out_shardings(self))
-
-    @property
-    def traced(self):
-        """The program's jit traced at the padded input shapes (``jax.stages.Traced``; ``self.lower().traced``)."""
-        return self.lower().traced
-
-    @property
-    def boundary(self):
-        """How arguments enter the program (boundary.Boundary), built anew."""
-        from .runtime.boundary import Boundary
-
-        return Boundary.of(self, self.traced.jaxpr)
-
-    def compiled(self):
-        """``jax.stages.Compiled`` of the program: ``self.lower().compile().compiled``, compiled anew."""
-        return self.lower().compile().compiled
+    @functools.cached_property
+    def _lowered(self) -> Lowered:
+        return Lowered.of(self)
 
     def lower_text(self) -> str:
         """StableHLO of the SPMD program, lowered for CPU (works on abstract meshes too):
         ``self.lower(("cpu",)).as_text()``."""
         return self.lower(("cpu",)).as_text()
 
-    def place(self, leaves):
-        """Every flat input leaf as a global jax.Array in its input sharding."""
-        return self.boundary.place(leaves)
+    def place(self, leaves) -> list:
+        """Every flat input leaf as a global jax.Array in its input sharding (the plan's
+        Compiled stage: ``self.lower().compile().place``)."""
+        return self.lower().compile().place(leaves)
 
     def run(self, leaves):
-        """The program on the flat input leaves (``self.lower().compile().run``: compiles anew;
-        for repeated calls keep ``c = plan.lower().compile()`` and call ``c(*args)``)."""
+        """The program on the flat input leaves: ``self.lower().compile().run`` (compiled on
+        the first run, that stage run after)."""
         return self.lower().compile().run(leaves)
 
     # -- queries --------------------------------------------------------------------

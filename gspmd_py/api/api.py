@@ -31,13 +31,13 @@ import jax
 from ..core import jax_compat as compat
 from .arguments import Call, Signature, output_leaves
 from ..runtime.boundary import PLAN_CACHE_SIZE, PlanCache, call_key
-from ..runtime.executable import Executable
 from ..runtime.placed import logical_shape, unpad
 from ..core.errors import ArgumentError, ShardingError, SpecError
 from ..compiler import Dims, gc_paused, plan_jaxpr
 from ..core.ir import Value
 from ..core.mesh import Mesh
 from ..plan import Plan
+from ..runtime.stages import Lowered
 from ..partitioner.shaping import Shaping
 from ..frontend.batch_axes import duplicate_axis_error
 from . import explicit
@@ -57,14 +57,6 @@ class _Entry:
     donate: tuple[int, ...]
     closure: tuple = ()  # closed-over tracers of an enclosing transformation: leading inputs of the jaxpr
     _staged: Optional[Callable] = None
-    _executable: Optional[Executable] = None
-
-    def executable(self) -> Executable:
-        """How this entry's plan runs (runtime/executable.py), built on first use: held here,
-        beside the plan, never inside it."""
-        if self._executable is None:
-            self._executable = Executable(self.plan)
-        return self._executable
 
     def staged(self, leaves):
         """The plan staged into the caller's trace: a jit (the plan's shardings) of spmd_call."""
@@ -73,8 +65,8 @@ class _Entry:
             if plan.mesh.is_abstract:
                 raise ShardingError(f"{plan.mesh} is abstract: {plan.fn_name} can be planned and lowered "
                                     f"(f.plan(...).lower_text()), not run or staged into a JAX transformation")
-            exe = self.executable()
-            in_sh, out_sh = exe.staged_in_shardings(), tuple(s for s, _ in exe.staged_out_shardings())
+            lowered = plan.lower()
+            in_sh, out_sh = lowered.staged_in_shardings(), tuple(s for s, _ in lowered.staged_out_shardings())
             # a zero-size input holds no data: left unspecified, as it travels (runtime/stages.py). A
             # sharding there becomes its cotangent's out_sharding in jit's transpose, and JAX 0.10
             # returns a zero-size output whole on each device under a split sharding (a jax.Array
@@ -96,9 +88,10 @@ class _Entry:
 
     def _layouts(self) -> list:
         """(label, NamedSharding) per input and output of the staged call, for messages."""
-        exe, plan = self.executable(), self.plan
-        return (list(zip(plan.in_names, exe.staged_in_shardings()))
-                + [(f"output {i}", s) for i, (s, _) in enumerate(exe.staged_out_shardings())])
+        plan = self.plan
+        lowered = plan.lower()
+        return (list(zip(plan.in_names, lowered.staged_in_shardings()))
+                + [(f"output {i}", s) for i, (s, _) in enumerate(lowered.staged_out_shardings())])
 
 
 class Spmd:
@@ -169,10 +162,10 @@ class Spmd:
         """The plan for these arguments (arrays or jax.ShapeDtypeStructs): compiles nothing, runs nothing."""
         return self._entry(self._sig.bind(args, kwargs, plan_only=True)).plan
 
-    def executable(self, *args, **kwargs) -> Executable:
-        """The run-time handle of the plan for these arguments (arrays or jax.ShapeDtypeStructs),
-        as the call uses it: compiled on its first run, once per plan cache entry."""
-        return self._entry(self._sig.bind(args, kwargs, plan_only=True)).executable()
+    def lower(self, *args, **kwargs) -> Lowered:
+        """The plan's Lowered stage for these arguments (arrays or jax.ShapeDtypeStructs), as
+        the call runs it (``.compile()``: compiled on its first use, once; runtime/stages.py)."""
+        return self.plan(*args, **kwargs).lower()
 
     def __call__(self, *args, **kwargs):
         if jax.config.jax_disable_jit:  # debugging, as jax.jit: the plain function, op by op
@@ -183,9 +176,9 @@ class Spmd:
             key = (key, compat.trace_context(), explicit.arg_layouts(leaves) if explicit.typed(self.mesh) else ())
             e = self._fast.get(key)
             if e is not None:
-                exe = e.executable()
-                exe.check_same_program()
-                return exe.run(leaves)
+                lowered = e.plan.lower()
+                lowered.check_same_program()
+                return lowered.compile().run(leaves)
         call = self._sig.bind(args, kwargs)
         if call.traced and in_manual_context():
             raise ArgumentError(
@@ -196,11 +189,11 @@ class Spmd:
         if call.traced or entry.closure:  # under a JAX transformation, or inside another gp.spmd function
             call.check_live()  # (the direct call's boundary checks its own leaves)
             return entry.staged(call.leaves)
-        exe = entry.executable()
-        exe.check_same_program()  # multi-process runs only: every process planned this program
+        lowered = entry.plan.lower()
+        lowered.check_same_program()  # multi-process runs only: every process planned this program
         if fast:
             self._fast.put(key, entry)  # (tracers never get here: their calls are staged above)
-        return exe.run(call.leaves)
+        return lowered.compile().run(call.leaves)
 
     def from_local(self, *local_args, global_shapes=None):
         """Call with each process's own block of every argument (multi-process runs; see

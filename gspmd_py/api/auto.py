@@ -47,6 +47,7 @@ import jax
 from ..core.errors import NotPicklableError
 from ..core.mesh import Mesh
 from ..core.sharding import P
+from ..plan import Plan
 from ..search.optimizer import SearchResult
 
 
@@ -56,7 +57,7 @@ class AutoResult:
 
     in_shardings: Any
     out_shardings: Any
-    plan: Any  # gp.Plan
+    plan: Plan
     cost: Any  # gp.Cost of plan on the search's hardware
     explored: int
     search: SearchResult
@@ -199,7 +200,7 @@ def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, pref
                       prefix[0] if prefix else None)
 
 
-def _as_data(decisions: dict, plan) -> tuple:
+def _as_data(decisions: dict, plan: Plan) -> tuple:
     """The search's decisions as a ``Decided`` tactic's data: (value id, shape, axis names per dim)."""
     return tuple((vid, plan.prop.values[vid].shape, tuple(tuple(a.name if a.whole else str(a) for a in d)
                                                             for d in dims))

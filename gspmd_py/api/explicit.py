@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as JP
 
 from ..core.mesh import Mesh
+from ..plan import Plan
 from ..runtime.layout import staged_sharding, user_jax_mesh
 
 
@@ -45,7 +46,7 @@ def type_spec(mesh: Mesh, spec: JP, shape: Sequence[int]) -> JP:
     return JP(*entries)
 
 
-def out_avals(plan, avals: Sequence) -> list:
+def out_avals(plan: Plan, avals: Sequence) -> list:
     """``avals`` (the outputs of ``plan``'s program) with the types of the layouts a staged call
     returns them in."""
     mesh = plan.mesh

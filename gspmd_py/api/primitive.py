@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Primitive
 
+from ..plan import Plan
 from ..core import jax_compat as compat
 from ..core.jax_compat import ad, batching, mlir, pe
 
@@ -202,18 +203,18 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
                       **({} if spmd.shaping is None else {"shaping": spmd.shaping}))
 
 
-def out_layouts(plan) -> list:
+def out_layouts(plan: Plan) -> list:
     """The canonical dims of ``plan``'s outputs as a staged call returns them (over the user's mesh)."""
     mesh = plan.mesh
     out = []
-    for (s, _), v in zip(plan.executable.staged_out_shardings(), plan.graph.outputs):
+    for (s, _), v in zip(plan.lower().staged_out_shardings(), plan.graph.outputs):
         entries = list(s.spec) + [None] * (v.rank - len(s.spec))
         out.append(tuple(() if e is None else tuple(mesh.ref(a) for a in ((e,) if isinstance(e, str) else e))
                          for e in entries))
     return out
 
 
-def run_padded(plan, *xs):
+def run_padded(plan: Plan, *xs):
     """The partitioned program on global arrays of the logical shapes (uneven dims padded here),
     its outputs laid out over the user's mesh (layout.staged_sharding)."""
     padded = []
@@ -221,9 +222,9 @@ def run_padded(plan, *xs):
         if tuple(x.shape) != tuple(shape):
             x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
         padded.append(x)
-    exe = plan.executable
-    outs = list(exe.jitted(*padded))
-    for i, (s, moved) in enumerate(exe.staged_out_shardings()):
+    lowered = plan.lower()
+    outs = list(lowered.jitted(*padded))
+    for i, (s, moved) in enumerate(lowered.staged_out_shardings()):
         if moved:
             outs[i] = jax.lax.with_sharding_constraint(outs[i], s)
     return outs

@@ -256,12 +256,6 @@ def exclude_from_tracebacks(path: str) -> None:
         pass
 
 
-def replay_context(eqn):
-    """The context manager under which re-binding ``eqn`` keeps its source location and name stack."""
-    stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-    return source_info_util.user_context(eqn.source_info.traceback, name_stack=stack)
-
-
 # -- optional internals: each has a fallback -------------------------------------------------------
 def threefry2x32_p():
     """JAX's threefry2x32 primitive (None where this JAX has none)."""

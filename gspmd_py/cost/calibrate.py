@@ -55,10 +55,11 @@ import numpy as np
 
 from ..core.errors import ShardingError
 from ..core.mesh import Mesh
+from ..ops.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from .collectives import collective_time
 from .topology import Level, Link, PerAxis
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+KINDS = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE)
 # (batch, m, k, n) per device: the shapes partitioned programs run: square, wide, skinny (a
 # data-parallel shard of a batch), batched small (attention heads)
 MATMULS = ((1, 256, 512, 512), (1, 128, 512, 512), (1, 32, 512, 1024), (16, 128, 32, 128))
@@ -366,13 +367,13 @@ def _host_memory() -> float:
 
 def _collective(kind: str, axis: str, p: int, lax, jnp, repeat: int = REPEAT) -> Callable:
     """``repeat`` dependent collectives of ``kind`` (the program's launch is paid once)."""
-    if kind == "all-gather":
+    if kind == ALL_GATHER:
         one = lambda a: lax.all_gather(a, axis, tiled=True)[: a.shape[0]]
-    elif kind == "reduce-scatter":
+    elif kind == REDUCE_SCATTER:
         one = lambda a: jnp.tile(lax.psum_scatter(a, axis, tiled=True), p)
-    elif kind == "all-reduce":
+    elif kind == ALL_REDUCE:
         one = lambda a: lax.psum(a, axis)
-    elif kind == "all-to-all":
+    elif kind == ALL_TO_ALL:
         one = lambda a: lax.all_to_all(a, axis, 0, 0, tiled=True)
     else:
         one = lambda a: lax.ppermute(a, axis, [(i, (i + 1) % p) for i in range(p)])

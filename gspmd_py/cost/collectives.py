@@ -35,12 +35,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..ops.collectives import (ALL_TO_ALL, ALL_TO_ALL_FORMULA, COLLECTIVE_PERMUTE, PAIRWISE, RING, RING_TWICE,
+                               kind_of)
 from .topology import Level, Link
 
 
 def full_bytes(kind: str, bytes_per_device: int, p: int) -> int:
     """``n``, the collective's full buffer, from the bytes one device puts in."""
-    return bytes_per_device * p if kind in ("all-gather", "all-to-all") else bytes_per_device
+    return bytes_per_device * p if kind_of(kind).gathers else bytes_per_device
 
 
 def _ring(kind: str, p: int, n: float, link: Link) -> float:
@@ -50,7 +52,7 @@ def _ring(kind: str, p: int, n: float, link: Link) -> float:
 
 def _a2a(p: int, b: float, link: Link) -> float:
     """All-to-all of the local buffer ``b`` over one level."""
-    alpha, beta = link.for_kind("all-to-all")
+    alpha, beta = link.for_kind(ALL_TO_ALL)
     factor = 1.0 if link.all_to_all == "switch" or p <= 2 else p * p / (4.0 * (p - 1))
     return (p - 1) * alpha + (p - 1) / p * b / beta * factor
 
@@ -60,35 +62,34 @@ def collective_time(kind: str, bytes_per_device: int, levels: Sequence[Level],
     """Seconds for one collective of ``kind`` whose record holds ``bytes_per_device``, over
     ``levels`` run as ``algorithm`` says ("hierarchical": one phase per level; "ring": one
     ring over every device, paced by the slowest link)."""
+    formula = kind_of(kind).formula
     levels = [lv for lv in levels if lv.p > 1]
-    if algorithm == "ring" and len(levels) > 1 and kind in ("all-gather", "reduce-scatter", "all-reduce"):
+    if algorithm == "ring" and len(levels) > 1 and formula in (RING, RING_TWICE):
         p = 1
         for lv in levels:
             p *= lv.p
         ab = [lv.link.for_kind(kind) for lv in levels]
         slow = Link(max(a for a, _ in ab), min(b for _, b in ab))
         levels = [Level(p, slow)]
-    if not levels or bytes_per_device == 0 and kind != "all-reduce":
+    if not levels or bytes_per_device == 0 and formula != RING_TWICE:
         return 0.0
     p = 1
     for lv in levels:
         p *= lv.p
-    if kind == "collective-permute":
+    if formula == PAIRWISE:
         return max(_permute(bytes_per_device, lv.link) for lv in levels)
-    if kind == "all-to-all":
+    if formula == ALL_TO_ALL_FORMULA:
         return sum(_a2a(lv.p, bytes_per_device, lv.link) for lv in levels)
     n = float(full_bytes(kind, bytes_per_device, p))
     t = 0.0
-    if kind not in ("all-gather", "reduce-scatter", "all-reduce"):
-        raise ValueError(f"unknown collective kind {kind!r}")
     for lv in levels:  # fastest level carries the whole buffer, each next one 1/p of it
         t += _ring(kind, lv.p, n, lv.link)
         n /= lv.p
-    return 2 * t if kind == "all-reduce" else t
+    return 2 * t if formula == RING_TWICE else t
 
 
 def _permute(b: float, link: Link) -> float:
-    alpha, beta = link.for_kind("collective-permute")
+    alpha, beta = link.for_kind(COLLECTIVE_PERMUTE)
     return alpha + b / beta
 
 
@@ -97,10 +98,11 @@ def sent_bytes(kind: str, bytes_per_device: int, p: int) -> float:
     if p <= 1:
         return 0.0
     n = full_bytes(kind, bytes_per_device, p)
-    if kind in ("all-gather", "reduce-scatter"):
+    formula = kind_of(kind).formula
+    if formula == RING:
         return (p - 1) / p * n
-    if kind == "all-reduce":
+    if formula == RING_TWICE:
         return 2 * (p - 1) / p * n
-    if kind == "all-to-all":
+    if formula == ALL_TO_ALL_FORMULA:
         return (p - 1) / p * bytes_per_device
     return float(bytes_per_device)

@@ -54,7 +54,7 @@ from .counting import eqn_flops, is_free
 from .fusion import Fusion, fusion_of
 from .hardware import Hardware
 from .memory import Memory, peak_memory
-from .rates import CONV, compute_seconds, conv_class
+from .rates import compute_seconds, conv_class
 
 
 def _flat_indices(donate) -> tuple[int, ...]:
@@ -242,7 +242,7 @@ class _Walker:
         nb = fusion.read_bytes(eqn) + fusion.write_bytes(eqn)
         name = eqn.primitive.name
         conv = None
-        if name == CONV:
+        if facts_of(name).flops == F.CONV_FLOPS:
             conv = conv_class(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, eqn.params.get("dimension_numbers"),
                               eqn.params.get("rhs_dilation"))
         dtype = eqn.invars[0].aval.dtype if eqn.invars else None

@@ -34,6 +34,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from ..ops import facts as F
+from ..ops import facts_of
+
 CONV_CHANNELS = 32  # a conv with fewer input or output features than this is "small-c"
 CONV_SPATIAL = 1024  # an input image of fewer spatial elements (32 x 32) is "small-hw"
 CONV_CLASSES = ("small-c/small-hw", "small-c/large-hw", "large-c/small-hw", "large-c/large-hw")
@@ -116,10 +119,11 @@ def compute_seconds(hw, prim: str, flops: float, transcendentals: float, nbytes:
 def op_seconds(hw, op, flops: float, nbytes: float, operand_dims) -> float:
     """``compute_seconds`` of one IR op (search/tables.py) at its local shapes: ``operand_dims``
     the mesh axes per dim of each operand (padded shards: an uneven split rounds up)."""
-    if op.prim not in ("dot_general", CONV) or not op.inputs:
+    kind = facts_of(op.prim).flops
+    if not (kind == F.CONV_FLOPS or kind == F.DOT_FLOPS and len(op.inputs) == 2) or not op.inputs:
         return compute_seconds(hw, op.prim, flops, 0.0, nbytes, None)
     conv = None
-    if op.prim == CONV and len(op.inputs) >= 2:
+    if kind == F.CONV_FLOPS and len(op.inputs) >= 2:
         local = [padded_shard_shape(v.shape, dims) for v, dims in zip(op.inputs, operand_dims)]
         conv = conv_class(local[0], local[1], op.params.get("dimension_numbers"), op.params.get("rhs_dilation"))
     return compute_seconds(hw, op.prim, flops, 0.0, nbytes, op.inputs[0].dtype, conv)

@@ -12,7 +12,8 @@ through the op unreduced), ``partitioner/generic.py`` (``localize``: how its sha
 become local), ``cost/counting.py`` and ``cost/fusion.py`` (``flops``, ``transcendental``,
 ``fusion``, ``alias``, ``access``), ``cost/memory.py`` (``inplace``), the windowed handler (``init``: the
 reduce op whose identity is the op's init value), ``program/program_index.py`` and
-``program/combine.py`` (``collective``, ``collective_reduce``, ``combinable``) and the cost
+``program/combine.py`` (``collective``: a kind of ops/collectives.py, ``collective_reduce``,
+``combinable``, ``sends``) and the cost
 model's walk (``region``).
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 import attrs
+
+from .collectives import KINDS
 
 # -- linearity: which partial values pass through the op unreduced (partitioner/partial.py) --
 NONLINEAR = ""  # every partial operand is reduced first
@@ -74,7 +77,12 @@ ACCESSES = (WHOLE, WINDOW_READ, UPDATE, SCATTER_UPDATE)
 NO_REGION, LOOP, CALL = "", "loop", "call"  # LOOP: runs its body per iteration; CALL: inlined once
 REGIONS = (NO_REGION, LOOP, CALL)
 
-COLLECTIVE_KINDS = ("", "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+COLLECTIVE_KINDS = ("",) + tuple(KINDS)  # "": not a collective; else a kind of ops/collectives.py's table
+
+# -- what a collective sends (program/program_index.py counts its bytes) ----------------------
+ALL_OPERANDS = ""  # every operand (a combined all-reduce: all of them)
+FIRST_OPERAND = "first"  # operand 0 only (ragged_all_to_all: its output buffer and offsets stay)
+SENDS = (ALL_OPERANDS, FIRST_OPERAND)
 
 # (params, global operand shapes, local operand shapes, local result shapes) -> local params
 Localize = Callable[[dict, Sequence[tuple], Sequence[tuple], Sequence[tuple]], dict]
@@ -102,6 +110,7 @@ class OpFacts:
     init: str = ""  # the reduce op whose identity is its init value (reduce_window_sum: "sum")
     collective: str = attrs.field(default="", validator=_one_of(COLLECTIVE_KINDS))
     collective_reduce: str = ""  # for a reducing collective: sum, max, min
+    sends: str = attrs.field(default=ALL_OPERANDS, validator=_one_of(SENDS))  # a collective's operands that move
     combinable: bool = False  # the combiner may merge independent ones (program/combine.py)
     region: str = attrs.field(default=NO_REGION, validator=_one_of(REGIONS))
 

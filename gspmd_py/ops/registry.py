@@ -18,6 +18,7 @@ from typing import Callable, Hashable, Optional
 import attrs
 
 from ..core.errors import UnsupportedOpError
+from . import collectives
 from .facts import UNKNOWN, OpFacts
 from .refused import reason
 from .rule import HANDLER_NAMES, OpRule, whole
@@ -128,7 +129,9 @@ def declared() -> list[str]:
 
 
 def check_facts() -> None:
-    """Every primitive with a sharding rule has its facts declared."""
+    """Every primitive with a sharding rule has its facts declared, and the collective kinds'
+    table (ops/collectives.py) agrees with the facts on which primitive is which kind."""
     missing = sorted(set(_RULES) - set(_FACTS))
     if missing:
         raise ValueError(f"primitives with a sharding rule but no declared OpFacts: {missing}")
+    collectives.check({p: f.collective for p, f in _FACTS.items()})

@@ -52,6 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..ops import facts as F
+from ..ops import facts_of
+from ..ops.collectives import ALL_GATHER, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from ..core import dtypes
 from . import hierarchy
 from .context import Ctx, pad_dim
@@ -96,13 +99,13 @@ def _pays(ctx: Ctx, kind: str, coll_bytes: int, looped: int, dot: tuple[float, i
     t_dot = max(flops / hw.peak(dtype), (whole + other + result) / hw.mem_bandwidth) + hw.op_overhead
     t_part = max(flops / parts / hw.peak(dtype), (whole / parts + other + 2 * result / parts) / hw.mem_bandwidth)
     t_part += hw.op_overhead
-    if kind == "reduce-scatter":  # the plain program's reduce-scatter, phased where that is cheaper
+    if kind == REDUCE_SCATTER:  # the plain program's reduce-scatter, phased where that is cheaper
         t_coll = hierarchy.reduce_scatter_time(ctx, tuple(axes), coll_bytes)
     else:
         t_coll = hw.collective_time(kind, coll_bytes, ctx.fine.mesh, refs)
     plain = t_coll + t_dot
     per_step = parts // p
-    step = per_step * hw.collective_time("collective-permute", looped // per_step, ctx.fine.mesh, refs)
+    step = per_step * hw.collective_time(COLLECTIVE_PERMUTE, looped // per_step, ctx.fine.mesh, refs)
     # a step's partial dots beside the permutes feeding the next step; the first step's dots wait for nothing
     ovl = per_step * t_part + (p - 1) * max(per_step * t_part, step)
     if thr is not None:
@@ -166,8 +169,13 @@ def _put(y, part, od: int, start):
     return lax.dynamic_update_slice(y, part, at)
 
 
+def _two_operand_dot(op) -> bool:
+    """A dot of two operands (dot_general; a ragged dot's third operand, its group sizes, rules it out)."""
+    return facts_of(op.prim).flops == F.DOT_FLOPS and len(op.inputs) == 2
+
+
 def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional[list[PValue]]:
-    if op.prim != "dot_general" or not ctx.shaping.matmul or any(a.partial is not None for a in args):
+    if not _two_operand_dot(op) or not ctx.shaping.matmul or any(a.partial is not None for a in args):
         return None
     found = looped_operand(op, args, targets)
     if found is None:
@@ -192,7 +200,7 @@ def all_gather_dot(ctx: Ctx, op, rule, plan, args, targets, reshard) -> Optional
     bidir = _bidirectional(ctx, axes) and c >= 2 and not contracting
     other_bytes = int(math.prod(other_local)) * np.dtype(args[j].x.dtype).itemsize
     out_bytes = int(math.prod(out_full)) * np.dtype(out.dtype).itemsize
-    go, t, plain = _pays(ctx, "all-gather", shard, shard, (flops, shard * p, other_bytes, out_bytes), a.x.dtype, p,
+    go, t, plain = _pays(ctx, ALL_GATHER, shard, shard, (flops, shard * p, other_bytes, out_bytes), a.x.dtype, p,
                          2 * p if bidir else p, axes)
     if not go:
         return None
@@ -331,7 +339,7 @@ def dot_reduce_scatter(ctx: Ctx, op, rule, plan, args) -> Optional[list[PValue]]
     contract = math.prod(xl.shape[k] for k in lc)
     flops = 2.0 * math.prod(full) * p * contract
     sizes = [int(x.size) * np.dtype(x.dtype).itemsize for x in (xl, xr)]
-    go, t, plain = _pays(ctx, "reduce-scatter", looped * p, looped, (flops, sizes[i], sizes[1 - i], looped * p),
+    go, t, plain = _pays(ctx, REDUCE_SCATTER, looped * p, looped, (flops, sizes[i], sizes[1 - i], looped * p),
                          xl.dtype, p, p, axes)
     if not go:
         return None

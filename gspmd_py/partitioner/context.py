@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..ops.collectives import ALL_GATHER
 from ..core.dtypes import is_key
 from .diagnostics import Diagnostics, Fallback, Held
 from ..core.fine_mesh import FineMesh
@@ -218,7 +219,7 @@ class Ctx:
     def all_gather(self, x, axes: Sequence[str], dim: int):
         """One all-gather per (operand, axes, dim) in a trace scope: a second handler gathering
         the same value (a pool and its gradient) reuses the first's result."""
-        key = ("all-gather", tuple(axes), dim, id(x))
+        key = (ALL_GATHER, tuple(axes), dim, id(x))
         hit = self.cache.collectives.get(key)
         if hit is not None and hit[0] is x:
             return hit[1]

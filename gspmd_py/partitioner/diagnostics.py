@@ -14,7 +14,7 @@ value by ``with_notes``); ``plan.report()`` prints it::
     d2 = d.with_notes("output 0 ... is returned over the execution mesh")   # d is unchanged
 
 ``host_calls`` are the one live part: each HostCall keeps the exception its callback raised
-during a run, for ``Executable.run`` to re-raise (the tuple holding them never changes).
+during a run, for ``Compiled.run`` (runtime/stages.py) to re-raise (the tuple holding them never changes).
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from typing import Iterable, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from ..ops.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from ..core.mesh import AxisRef, Mesh
 from .shaping import Shaped
 
@@ -123,12 +124,12 @@ class Synth:
         n = -(-nbytes // (k * item)) * k * item if phases else nbytes
         out = []
         for s in phases:
-            out.append(("reduce-scatter", s, n))
+            out.append((REDUCE_SCATTER, s, n))
             n //= self.ctx.k(s)
         if rest:
-            out.append(("all-reduce", rest, n))
+            out.append((ALL_REDUCE, rest, n))
         for s in reversed(phases):
-            out.append(("all-gather", s, n))
+            out.append((ALL_GATHER, s, n))
             n *= self.ctx.k(s)
         return out
 
@@ -191,7 +192,7 @@ def _scatter_candidates(ctx, syn: Synth, axes: tuple[str, ...], nbytes: int):
     for phases in parts:
         steps, n = [], nbytes
         for s in phases:
-            steps.append(("reduce-scatter", s, n))
+            steps.append((REDUCE_SCATTER, s, n))
             n //= ctx.k(s)
         cands.append((syn.price(steps), len(steps), (phases, steps)))
     return cands
@@ -201,7 +202,7 @@ def reduce_scatter_time(ctx, axes: tuple[str, ...], nbytes: int) -> float:
     """Predicted seconds of the reduce-scatter ``reduce_scatter_sum`` would emit (ctx has a hardware)."""
     syn = Synth(ctx)
     if len(axes) < 2 or not syn.spans_levels(axes):
-        return syn.time("reduce-scatter", axes, nbytes)
+        return syn.time(REDUCE_SCATTER, axes, nbytes)
     return min(p for p, _, _ in _scatter_candidates(ctx, syn, axes, nbytes))
 
 

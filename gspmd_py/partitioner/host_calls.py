@@ -15,7 +15,7 @@ effect (``jax.debug.callback``) so that it stays in the program.
 ``guarded`` runs the user's callback and catches what it raises (keeping it), so the first
 device still reaches the broadcast and no device waits in a collective for one that
 stopped (XLA aborts the process after 40 s then). Every device then fails at the same
-point, in ``check``, after the last collective of the op. ``Executable.run`` turns that into the
+point, in ``check``, after the last collective of the op. ``Compiled.run`` (runtime/stages.py) turns that into the
 callback's own exception (``raise_failures``); staged into another jit (``jax.jit(f)``)
 the call fails with JAX's runtime error, whose message names the callback and its error.
 """
@@ -54,7 +54,7 @@ class HostCall:
         """On the first device: the callback's results and 0, or placeholders and 1 when it raised."""
         try:
             outs = list(self.callback(*args))
-        except BaseException as e:  # noqa: BLE001 - kept, and re-raised by Executable.run after the call
+        except BaseException as e:  # noqa: BLE001 - kept, and re-raised by Compiled.run after the call
             if self.error is None:
                 self.error = e
             return [np.zeros(a.shape, a.dtype) for a in self.result_avals] + [np.int32(1)]

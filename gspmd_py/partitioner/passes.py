@@ -1,14 +1,25 @@
-"""The partitioner's two passes over plain data, shared by the compiler (compiler.py's
-``partition`` and ``index``) and the search's pricer (search/price.py):
+"""The passes that build the per-device program from a propagation, as records, and the one
+driver that runs pass records: the compiler (compiler.py's ``PASSES``) and the search's
+pricer (search/price.py) run the same records, so the program a candidate is priced by is
+built by the code that builds the program that runs.
 
-    part = partition_graph(graph, mesh, prop)        # the per-device program + diagnostics
-    raw = index_program(part.program, part.fine, graph)
-    program = combine(raw, threshold, part.axis_env)  # program/combine.py
-    idx = reindex(raw, program, part.fine, graph)    # raw itself when nothing was merged
+    part = partition_graph(graph, mesh, prop)        # partition: the program + diagnostics
+    raw = index_program(part.program, part.fine, graph)                  # index
+    program = combine(raw, threshold, part.axis_env)  # combine (program/combine.py)
+    idx = reindex(raw, program, part.fine, graph)    # reindex: raw itself when nothing merged
+
+A ``Pass`` names its input (the entries of the state it reads), its output (the entry it
+writes) and what the compiler's dumps and verifier read beside the output (its context,
+views/pass_check.py); ``run_passes`` runs a list of them over a state (a dict by name),
+handing each output to an observer. ``program_passes`` is the slice of a list from
+``partition`` to ``reindex``: what the search runs per candidate, from the propagation it
+made (``PROGRAM_PASSES``, the compiler's slice, by default; the compiler hands the search
+the slice of its own list).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import attrs
 import jax
@@ -23,6 +34,7 @@ from .diagnostics import Diagnostics
 from ..core.fine_mesh import FineMesh
 from .hierarchy import link_refs
 from .program import OpPlan, build_body, fine_plan, op_label
+from ..program.combine import combine
 from ..program.program_index import ProgramIndex
 from .pvalue import FineDims
 from .shaping import Shaping
@@ -90,3 +102,60 @@ def reindex(idx: ProgramIndex, program: ClosedJaxpr, fine: FineMesh, graph: Grap
     """The index of ``program``, the combiner's result from ``idx``: ``idx`` itself when the
     combiner left the program as it was, else the index of what it made."""
     return idx if program is idx.program else index_program(program, fine, graph)
+
+
+# -- pass records and their driver -----------------------------------------------------
+@attrs.frozen
+class Pass:
+    """One compiler pass as a record: ``run`` computes its output from its input, the
+    entries ``reads`` of the state (a read-only mapping of exactly those); the output becomes
+    the state's entry ``writes``; ``context``: the entries the observer (the compiler's dumps
+    and verifier, views/pass_check.py) reads beside the output."""
+
+    name: str
+    run: Callable[[Mapping[str, Any]], Any]
+    reads: tuple[str, ...]
+    writes: str
+    context: tuple[str, ...] = ()
+
+
+#: what sees each pass's output: (pass name, output, **context) -> None
+Observer = Callable[..., Any]
+
+
+def run_passes(passes: Sequence[Pass], state: dict[str, Any], observe: Optional[Observer] = None) -> dict[str, Any]:
+    """Run ``passes`` in order over ``state`` (updated in place and returned): each reads its
+    input from it and writes its output to it; ``observe`` sees each output with its context."""
+    for p in passes:
+        missing = [k for k in p.reads + p.context if k not in state]
+        if missing:
+            raise ValueError(f"compiler pass {p.name!r} reads {missing}, which no pass before it wrote "
+                                f"(the state holds {sorted(state)})")
+        out = p.run(MappingProxyType({k: state[k] for k in p.reads}))
+        state[p.writes] = out
+        if observe is not None:
+            observe(p.name, out, **{k: state[k] for k in p.context})
+    return state
+
+
+def program_passes(passes: Sequence[Pass]) -> tuple[Pass, ...]:
+    """The slice of ``passes`` that builds the program from a propagation: ``partition`` to
+    ``reindex``, whatever was put between them."""
+    names = [p.name for p in passes]
+    return tuple(passes[names.index("partition"): names.index("reindex") + 1])
+
+
+#: the passes from a propagation to the indexed program; the state they start from holds
+#: graph, mesh, prop (a Propagation), shaping (partitioner/shaping.py) and threshold (the
+#: combiner's, bytes); they add part (Partitioned), raw (its index), program (combined) and
+#: idx (the combined program's index: the plan's collective records)
+PROGRAM_PASSES: tuple[Pass, ...] = (
+    Pass("partition", lambda s: partition_graph(s["graph"], s["mesh"], s["prop"], s["shaping"]),
+         ("graph", "mesh", "prop", "shaping"), "part", ("graph",)),
+    Pass("index", lambda s: index_program(s["part"].program, s["part"].fine, s["graph"]), ("part", "graph"), "raw",
+         ("graph",)),
+    Pass("combine", lambda s: combine(s["raw"], s["threshold"], s["part"].axis_env), ("raw", "threshold", "part"),
+         "program"),
+    Pass("reindex", lambda s: reindex(s["raw"], s["program"], s["part"].fine, s["graph"]),
+         ("raw", "program", "part", "graph"), "idx", ("graph", "raw", "part")),
+)

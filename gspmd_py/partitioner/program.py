@@ -33,6 +33,8 @@ from jax import lax
 from ..core import dtypes
 from ..core.errors import PartitionWarning
 from ..core.ir import Graph, Op
+from ..ops import facts as F
+from ..ops import facts_of
 from ..ops.rule import NEED_REPLICATION, OpRule
 from ..propagation.projection import Projection
 from . import collective_matmul, fork, registry
@@ -163,7 +165,7 @@ def _held_wide(ctx: Ctx, op: Op, plan: OpPlan, xs: list[PValue], modes, carried:
     wide = next((x.x.dtype for x, m in zip(xs, modes) if m == KEEP and x.x.dtype != np.dtype(x.dtype)), None)
     if wide is None:
         return xs, None
-    if op.prim == "convert_element_type":
+    if facts_of(op.prim).linearity == F.CONVERT:  # (convert_element_type)
         v = op.outputs[0]
         x = xs[0].x.astype(accumulate(v.dtype, carried.op))
         return xs, [ctx.pv(x, v.shape, plan.results[0], carried, v.dtype)]

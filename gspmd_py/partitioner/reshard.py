@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ..ops.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from ..program.reshard_plan import Step, plan_reshard
 from .context import Ctx, dyn_slice_dim, pad_dim
 from .partial import all_reduce, reduce, reduce_scatter
@@ -39,10 +40,10 @@ def _reshard(ctx: Ctx, pv: PValue, target: FineDims, keep_partial: bool) -> PVal
                          tuple(int(n) for n in pv.x.shape))
     x = pv.x
     for st in steps:
-        if st.kind == "all-reduce" and st.whole:
+        if st.kind == ALL_REDUCE and st.whole:
             reduced = _all_reduced(ctx, pv)
             return reshard(ctx, reduced, target) if reduced.dims != target else reduced
-        if st.kind in ("reduce-scatter", "all-reduce"):
+        if st.kind in (REDUCE_SCATTER, ALL_REDUCE):
             partial = [a for a in partial if a not in st.axes]
         x = _emit(ctx, x, st, p.op if p is not None else "", pv.dtype)
     left = Partial(tuple(partial), p.op) if partial else None
@@ -56,16 +57,16 @@ def _emit(ctx: Ctx, x, st: Step, op: str, dtype):
     if st.note:
         ctx.note(st.note)
     kind = st.kind
-    if kind == "reduce-scatter":
+    if kind == REDUCE_SCATTER:
         return reduce_scatter(ctx, x, st.axes, op, dtype if st.final else x.dtype, st.dim)
-    if kind == "all-reduce":
+    if kind == ALL_REDUCE:
         return all_reduce(ctx, x, st.axes, op, dtype if st.final else x.dtype)
-    if kind == "collective-permute":
+    if kind == COLLECTIVE_PERMUTE:
         return ctx.permute(x, st.axes, st.perm)
-    if kind == "all-to-all":
+    if kind == ALL_TO_ALL:
         x = ctx.all_to_all(x, st.axes, st.dim, st.src_dim)
         return pad_dim(x, st.src_dim, st.trim) if st.trim >= 0 else x
-    if kind == "all-gather":
+    if kind == ALL_GATHER:
         x = ctx.all_gather(x, st.axes, st.dim)
         return pad_dim(x, st.dim, st.trim) if st.trim >= 0 else x
     return dyn_slice_dim(x, st.dim, ctx.index(st.axes) * st.size, st.size)

@@ -23,18 +23,18 @@ axes, dtype, bytes: ``EqnIndex.emitted``), which op caused it (``op_ids``: the m
 scope's name) and which equations of its body it depends on (``deps``). It only re-emits
 equations (``EqnIndex.eqn``), in the order it schedules them. Why an index in and a program
 out, and the program indexed again (``compiler.plan_jaxpr``) rather than an index patched
-here: the rewrite retraces every body it touches (new variables, new concatenations and
-slices around each merged collective), so a patched index would have to mirror JAX's
-retrace equation by equation, a second reader of the program in disguise; indexing the
-result is the one reader run once more, and only when something merged (where nothing
-merges, the program and its index are kept as they are: no retrace). The search's pricer
-asks for ``splice=True``: the same program built without retracing the equations no group
-touches (each merged group is traced alone and spliced in; ``_splice_body``).
+here: each merged group is traced alone (new variables, new concatenations and slices
+around the merged collective) and spliced into the body in place of its members, the
+equations no group touches kept as they are (``_combine_body``), so a patched index would
+have to mirror those traces equation by equation, a second reader of the program in
+disguise; indexing the result is the one reader run once more, and only when something
+merged (where nothing merges, the program and its index are kept as they are). The compiler
+and the search's pricer build their programs with this one emitter (partitioner/passes.py).
 """
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import attrs
 import jax
@@ -43,8 +43,8 @@ import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
-from ..core import jax_compat as compat
 from ..ops import facts_of
+from ..ops.collectives import FLAT_GATHER, FLAT_SCATTER, NO_MERGE, VARIADIC, kind_of
 from . import variadic
 from .program_index import Body, EqnIndex, ProgramIndex, equations_of
 
@@ -63,9 +63,11 @@ class Group:
 def collective_key(e: EqnIndex) -> Optional[tuple]:
     """What collectives must share to merge (None: this one does not merge)."""
     c = e.emitted
-    if c is None or not facts_of(e.prim).combinable or c.grouped or c.operands != 1:
+    if c is None or not facts_of(e.prim).combinable or c.grouped or c.operands != 1 \
+            or isinstance(e.eqn.invars[0], Literal):  # (a constant: nothing to merge)
         return None
-    if e.prim in ("all_gather", "reduce_scatter") and not c.tiled:
+    merge = kind_of(facts_of(e.prim).collective).merge
+    if merge == NO_MERGE or merge in (FLAT_GATHER, FLAT_SCATTER) and not c.tiled:
         return None
     return e.prim, c.axes, c.dtype
 
@@ -151,10 +153,11 @@ def _run_group(body: Body, g: Group, read: Callable):
     eqns = [body.entries[i].eqn for i in g.members]
     xs = [read(e.invars[0]) for e in eqns]
     name, axes, _ = g.key
-    if name in ("psum", "pmax", "pmin"):  # one equation over every operand, no flat buffer (variadic.py)
+    merge = kind_of(facts_of(name).collective).merge
+    if merge == VARIADIC:  # one equation over every operand, no flat buffer (variadic.py)
         return variadic.all_reduce(name, xs, axes)
     k = int(eqns[0].params["axis_size"])
-    if name == "all_gather":
+    if merge == FLAT_GATHER:
         flat = jnp.concatenate([x.reshape(-1) for x in xs])
         got = lax.all_gather(flat, axes, axis=0, tiled=False)  # [k, L]
         outs, off = [], 0
@@ -166,7 +169,7 @@ def _run_group(body: Body, g: Group, read: Callable):
             outs.append(piece.reshape(x.shape[:d] + (k * x.shape[d],) + x.shape[d + 1:]))
             off += n
         return outs
-    # reduce_scatter: split each scatter dim into its k blocks, scatter them all at once
+    # FLAT_SCATTER: split each scatter dim into its k blocks, scatter them all at once
     blocks, shapes = [], []
     for x, e in zip(xs, eqns):
         d = e.params["scatter_dimension"]
@@ -197,19 +200,17 @@ def _scope(body: Body, g: Group) -> str:
     return "combined" + ",".join(map(str, ids)) if ids else "boundary"
 
 
-def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env, body_fn=None) -> dict:
-    """``entry``'s parameters, each ClosedJaxpr body (alone or in a tuple of them) combined
-    (by ``body_fn``, ``_combine_body`` unless given)."""
-    body_fn = _combine_body if body_fn is None else body_fn
+def _sub_params(index: ProgramIndex, entry: EqnIndex, groups: dict, axis_env) -> dict:
+    """``entry``'s parameters, each ClosedJaxpr body (alone or in a tuple of them) combined."""
     params = dict(entry.eqn.params)
     for b in index.subs(entry):
         v = entry.eqn.params[b.param]
         if isinstance(v, ClosedJaxpr):
-            params[b.param] = body_fn(index, b, groups, axis_env)
+            params[b.param] = _combine_body(index, b, groups, axis_env)
         elif isinstance(v, (tuple, list)) and v and all(isinstance(c, ClosedJaxpr) for c in v):
             got = params[b.param]
             got = list(got) if isinstance(got, (tuple, list)) else got
-            got[b.position] = body_fn(index, b, groups, axis_env)
+            got[b.position] = _combine_body(index, b, groups, axis_env)
             params[b.param] = _same_kind(v, got)
     return params
 
@@ -222,103 +223,48 @@ def _same_kind(v, items: list):
     return type(v)(items)
 
 
-def _evaluate(index: ProgramIndex, body: Body, consts, args, order, groups: dict, axis_env):
-    jaxpr = body.jaxpr
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
-    for n in order:
-        if isinstance(n, Group):
-            with jax.named_scope(_scope(body, n)):
-                outs = _run_group(body, n, read)
-            for i, o in zip(n.members, outs):
-                env[body.entries[i].eqn.outvars[0]] = o
-            continue
-        entry = body.entries[n]
-        eqn = entry.eqn
-        params = _sub_params(index, entry, groups, axis_env)
-        bind_params = eqn.primitive.get_bind_params(params)
-        with compat.replay_context(eqn), eqn.ctx.manager:
-            ans = eqn.primitive.bind(*[read(v) for v in eqn.invars], **bind_params)
-        ans = ans if eqn.primitive.multiple_results else [ans]
-        for v, a in zip(eqn.outvars, ans):
-            env[v] = a
-    return [read(v) for v in jaxpr.outvars]
-
-
-def _combine_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> ClosedJaxpr:
-    """``body.closed`` with its ``groups[body.path]`` merged, its own bodies combined."""
-    closed = body.closed
-    mine = groups.get(body.path, [])
-    has_sub = any(b.closed is not None for e in body.entries for b in index.subs(e))
-    if not mine and not has_sub:
-        return closed
-    order = _schedule(body, mine)
-    avals = [v.aval for v in body.jaxpr.invars]
-
-    def fn(*args):
-        return _evaluate(index, body, closed.consts, args, order, groups, axis_env)
-
-    return jax.make_jaxpr(fn, axis_env=axis_env)(*avals)
-
-
 def combine(index: ProgramIndex, threshold: int = DEFAULT_THRESHOLD_BYTES,
-            axis_env: Optional[list] = None, splice: bool = False) -> ClosedJaxpr:
+            axis_env: Optional[list] = None) -> ClosedJaxpr:
     """The program ``index`` indexes with independent collectives merged (see the module
-    docstring); ``index.program`` itself when nothing merges (threshold 0: never).
-    ``splice``: the same program without retracing it (``_splice_body``; the search's
-    pricer, search/price.py)."""
+    docstring); ``index.program`` itself when nothing merges (threshold 0: never)."""
     groups = {p: g for p, b in index.bodies.items() if threshold > 0 and (g := merge_groups(b, threshold))}
     if not groups:
         return index.program
-    return (_splice_body if splice else _combine_body)(index, index.root, groups, axis_env)
+    return _combine_body(index, index.root, groups, axis_env)
 
 
-def _splice_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> ClosedJaxpr:
-    """``_combine_body``'s program built without retracing every equation: the equations no
-    group touches are kept as they are (in ``_schedule``'s order), each group's equations
-    are traced alone (``_run_group`` over its members' operands, under its scope) and
-    spliced in, writing the members' own result variables; an equation whose bodies are
-    combined keeps its own, with those bodies replaced. The same equations in the same
-    order as the retrace (tests/search/test_search_speed.py compares the programs' texts,
-    indexes and costs); where a group reads a constant or a literal, or its trace does not
-    map one to one onto its members' results, this body is retraced instead."""
+def _combine_body(index: ProgramIndex, body: Body, groups: dict, axis_env) -> ClosedJaxpr:
+    """``body.closed`` with its ``groups[body.path]`` merged and its own bodies combined,
+    without retracing it: the equations no group touches are kept as they are (in
+    ``_schedule``'s order), each group's equations are traced alone (``_run_group`` over its
+    members' operands, under its scope) and spliced in, writing the members' own result
+    variables; an equation whose bodies are combined keeps its own, with those bodies
+    replaced. The compiler and the search's pricer build their programs with it alike."""
     closed = body.closed
     mine = groups.get(body.path, [])
     has_sub = any(b.closed is not None for e in body.entries for b in index.subs(e))
     if not mine and not has_sub:
         return closed
-    consts = set(body.jaxpr.constvars)
     eqns = []
     for n in _schedule(body, mine):
         if isinstance(n, Group):
-            got = _group_eqns(body, n, consts, axis_env)
-            if got is None:
-                return _combine_body(index, body, groups, axis_env)
-            eqns += got
+            eqns += _group_eqns(body, n, axis_env)
             continue
         entry = body.entries[n]
         if any(b.closed is not None for b in index.subs(entry)):
-            eqns.append(entry.eqn.replace(params=_sub_params(index, entry, groups, axis_env, _splice_body)))
+            eqns.append(entry.eqn.replace(params=_sub_params(index, entry, groups, axis_env)))
         else:
             eqns.append(entry.eqn)
     return ClosedJaxpr(body.jaxpr.replace(eqns=eqns), closed.consts)
 
 
-def _group_eqns(body: Body, g: Group, consts: set, axis_env) -> Optional[list]:
+def _group_eqns(body: Body, g: Group, axis_env) -> list:
     """The equations of group ``g`` merged, traced alone and renamed onto the body's
-    variables (operands in, members' results out); None when that cannot be one to one."""
+    variables (operands in: variables or the body's constants, ``collective_key`` merges no
+    literal; the members' results out)."""
     members = [body.entries[i].eqn for i in g.members]
     ins = [e.invars[0] for e in members]
     outs = [e.outvars[0] for e in members]
-    if any(isinstance(v, Literal) or v in consts for v in ins) or len(set(outs)) != len(outs):
-        return None
     uniq = list(dict.fromkeys(ins))
     where = {v: k for k, v in enumerate(uniq)}
 
@@ -328,12 +274,11 @@ def _group_eqns(body: Body, g: Group, consts: set, axis_env) -> Optional[list]:
 
     traced = jax.make_jaxpr(fn, axis_env=axis_env)(*[v.aval for v in uniq])
     j = traced.jaxpr
-    if traced.consts or j.constvars or len(j.outvars) != len(outs):
-        return None
     rename = dict(zip(j.invars, uniq))
-    for o, mine in zip(j.outvars, outs):
-        if isinstance(o, Literal) or o in rename:  # an operand passed through, or a result twice
-            return None
-        rename[o] = mine
+    # each group result is a new variable of the trace (a slice, a reshape or an output of
+    # the one merged collective), so renaming it onto its member's result is one to one
+    assert not (traced.consts or j.constvars) and len(j.outvars) == len(outs) and \
+        len({*j.outvars} - {*rename}) == len(outs), "combiner: a merged group did not trace one to one"
+    rename.update(zip(j.outvars, outs))
     new = lambda vs: [v if isinstance(v, Literal) else rename.get(v, v) for v in vs]  # noqa: E731
     return [e.replace(invars=new(e.invars), outvars=new(e.outvars)) for e in equations_of(j)]

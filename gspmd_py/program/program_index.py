@@ -250,7 +250,7 @@ def _emitted(eqn) -> Emitted:
 def _moved(eqn) -> list:
     """The operands a collective sends: all of them, but a ragged all-to-all's data operand only
     (its output buffer and offsets stay)."""
-    return eqn.invars[:1] if eqn.primitive.name == "ragged_all_to_all" else eqn.invars
+    return eqn.invars[:1] if facts_of(eqn.primitive.name).sends == F.FIRST_OPERAND else eqn.invars
 
 
 def _nbytes(vs) -> int:

@@ -33,8 +33,10 @@ from typing import Optional, Sequence
 import attrs
 import numpy as np
 
+from ..ops.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER
+
 Dims = tuple[tuple[str, ...], ...]
-REDUCTIONS = ("reduce-scatter", "all-reduce")
+REDUCTIONS = (REDUCE_SCATTER, ALL_REDUCE)
 
 
 @attrs.frozen
@@ -80,7 +82,7 @@ class Step:
 
     def __str__(self) -> str:
         words = [f"{self.kind}({','.join(self.axes)})"]
-        if self.kind == "all-to-all":
+        if self.kind == ALL_TO_ALL:
             words.append(f"dim {self.src_dim} -> dim {self.dim}")
         elif self.dim >= 0:
             words.append(f"dim {self.dim}")
@@ -172,18 +174,18 @@ class _Planner:
                 if not ok:
                     continue
                 rest = [a for a in partial if a not in run]
-                self.emit("reduce-scatter", dim=d, axes=tuple(run), pad=pad, final=not rest)
+                self.emit(REDUCE_SCATTER, dim=d, axes=tuple(run), pad=pad, final=not rest)
                 self.loc[d] //= self.k(run)
                 dims[d] = dims[d] + tuple(run)
                 partial = rest
             if partial and not keep_partial:
                 whole = partial == given and tuple(dims) == src  # one all-reduce serves every consumer
-                self.emit("all-reduce", axes=tuple(partial), final=True, whole=whole)
+                self.emit(ALL_REDUCE, axes=tuple(partial), final=True, whole=whole)
                 partial = []
             elif partial and target_axes & set(partial):
                 clash = [a for a in partial if a in target_axes]
                 partial = [a for a in partial if a not in clash]
-                self.emit("all-reduce", axes=tuple(clash), final=not partial)
+                self.emit(ALL_REDUCE, axes=tuple(clash), final=not partial)
         if tuple(dims) == target:
             return
         # 2. permute: same shard count per dim over the same set of axes
@@ -236,7 +238,7 @@ class _Planner:
                     if not ok_j or not self.concat_canonical(i, dims[i], new_i):
                         continue
                     trim = -1 if new_i else self.n[i]  # gathered whole: the padding cut
-                    self.emit("all-to-all", dim=j, src_dim=i, axes=s, pad=pad, trim=trim,
+                    self.emit(ALL_TO_ALL, dim=j, src_dim=i, axes=s, pad=pad, trim=trim,
                               after=self.loc[i] * self.k(s))
                     self.loc[j] //= self.k(s)
                     self.loc[i] = trim if trim >= 0 else self.loc[i] * self.k(s)
@@ -252,12 +254,12 @@ class _Planner:
         n = self.n[d]
         if self.concat_canonical(d, have, keep):
             trim = -1 if keep else n
-            self.emit("all-gather", dim=d, axes=tuple(have[len(keep):]), trim=trim,
+            self.emit(ALL_GATHER, dim=d, axes=tuple(have[len(keep):]), trim=trim,
                       after=self.loc[d] * self.k(have[len(keep):]))
             self.loc[d] = trim if trim >= 0 else self.loc[d] * self.k(have[len(keep):])
             return tuple(keep)
         # non-canonical: gather the whole dim, then re-slice to `keep`
-        self.emit("all-gather", dim=d, axes=tuple(have), trim=n, after=self.loc[d] * self.k(have), whole=True,
+        self.emit(ALL_GATHER, dim=d, axes=tuple(have), trim=n, after=self.loc[d] * self.k(have), whole=True,
                   note=f"uneven dim of size {n} regathered whole to re-tile over {tuple(keep)}")
         self.loc[d] = n
         self.slice(d, (), keep)
@@ -297,7 +299,7 @@ class _Planner:
 
         have, need = shard_ids(dims), shard_ids(target)
         holder = {h: s for s, h in enumerate(have)}
-        self.emit("collective-permute", axes=involved, perm=tuple((holder[need[d]], d) for d in range(len(coords))))
+        self.emit(COLLECTIVE_PERMUTE, axes=involved, perm=tuple((holder[need[d]], d) for d in range(len(coords))))
         return True
 
 

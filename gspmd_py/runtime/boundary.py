@@ -70,7 +70,7 @@ class Boundary:
     @classmethod
     def of(cls, plan, jaxpr=None) -> "Boundary":
         """The boundary of ``plan``; ``jaxpr``: its program on padded inputs (a ClosedJaxpr: the
-        traced jit, runtime/executable.py), for the fused pad + program (None: never fused)."""
+        traced jit, stages.py), for the fused pad + program (None: never fused)."""
         glob = None
         if jax.process_count() > 1:  # multi-process: place only this process's shards
             import weakref
@@ -282,7 +282,7 @@ def collect_evicted() -> None:
     """A full collection after evictions from a plan cache.
 
     A plan holds reference cycles (an IR value and the op that makes it, the plan and its
-    executable), so an evicted plan is freed only by the cyclic collector, whose full passes
+    stages: runtime/stages.py), so an evicted plan is freed only by the cyclic collector, whose full passes
     are rare (and paused while plans are built: compiler.gc_paused). A function called with
     more shapes than its cache holds kept about twice its cache's plans alive, and the heap
     grew to hold them (80 shapes through a 64-plan cache: +110 MB). One pass per half cache of

@@ -181,15 +181,14 @@ def from_local(spmd, local_args: tuple, global_shapes=None):
         if len(shape) != len(a.shape):
             raise SpecError(f"{what}: global shape {shape} has rank {len(shape)}, its local data rank {len(a.shape)}")
         avals.append(jax.ShapeDtypeStruct(shape, a.dtype))
-    exe = spmd.executable(*jax.tree_util.tree_unflatten(tree, avals))
-    plan = exe.plan
-    exe.check_same_program()
+    plan = spmd.plan(*jax.tree_util.tree_unflatten(tree, avals))
+    plan.lower().check_same_program()
     arrays = []
     for i, (x, v, shp, spec) in enumerate(zip(leaves, plan.graph.inputs, plan.padded_in_shapes, plan.in_specs)):
         what = f"from_local: argument {names[i]} {v.type_str}"
         target = NamedSharding(plan.jax_mesh, spec)
         if (isinstance(x, jax.Array) and not x.is_fully_addressable) or specs[i] is None:
-            arrays.append(x)  # global, or whole: exe.run places it like f(...) does
+            arrays.append(x)  # global, or whole: plan.run places it like f(...) does
             continue
         lo, hi = process_box(target, shp, what)
         expect = tuple(max(0, min(h, n) - l) for l, h, n in zip(lo, hi, v.shape))
@@ -202,4 +201,4 @@ def from_local(spmd, local_args: tuple, global_shapes=None):
                             f"pass global_shapes= for uneven dims)")
         block = x if isinstance(x, jax.Array) else np.asarray(x, dtype=np.dtype(v.dtype))
         arrays.append(block_to_global(block, lo, v.shape, shp, target, v.dtype))
-    return exe.run(arrays)
+    return plan.run(arrays)

@@ -1,7 +1,7 @@
 """Arrays ``plan.place`` padded: global jax.Arrays that remember the logical shape they stand for.
 
 ``plan.place([x])`` gives the compiled program's own arguments: an uneven input comes back
-padded to whole shards (``f32[16,74]`` over 8 devices: ``f32[16,80]``), as ``plan.compiled()``
+padded to whole shards (``f32[16,74]`` over 8 devices: ``f32[16,80]``), as ``plan.lower().compile()``
 takes it. Passed back to a gp.spmd function, such an array must not be planned and computed
 on as ``f32[16,80]`` data (``x.mean(axis=1)`` would average the padding). So ``place`` marks
 each array it padded with its logical shape (an attribute on the array itself: the mark lives

@@ -89,7 +89,7 @@ def mismatch_message(fn_name: str, me: int, other: int, mine: list[str], where: 
 def check_same_program(plan) -> None:
     """On a multi-process run, raise ProgramMismatchError unless every process planned ``plan``'s
     program; a no-op on one process. Every process must call it at the same point (it is a
-    collective); ``Executable.check_same_program`` calls it once per plan."""
+    collective); ``Lowered.check_same_program`` (stages.py) calls it once per plan."""
     import jax
 
     if jax.process_count() == 1:

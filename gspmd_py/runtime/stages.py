@@ -1,19 +1,24 @@
-"""The stages of a plan, as values (JAX's Traced / Lowered / Compiled, ``jax/_src/stages.py``):
+"""The stages of a plan, as values (JAX's Traced / Lowered / Compiled, ``jax/_src/stages.py``),
+the one run-time object of gspmd_py:
 
     plan = f.plan(x, w)              # Plan: what gspmd_py decided (plan.py); runs nothing
-    lowered = plan.lower()           # Lowered: the jit of the program traced and lowered
+    lowered = plan.lower()           # Lowered: the jit of the program, traced and lowered on first use
     lowered.as_text()                # its StableHLO
     compiled = lowered.compile()     # Compiled: XLA's executable (a concrete mesh only)
     compiled.as_text()               # the optimised HLO
     out = compiled(x, w)             # the call, arguments as f takes them (no static ones)
 
-Each stage is a new object built from the one before, frozen, and never holds the next:
-``lower()`` lowers again, ``compile()`` compiles again (keep the object you need). Running a
-Compiled changes nothing in the plan or the stages (the boundary may compile its fused pad +
-program once, inside itself).
+Each stage is built from the one before, frozen in its fields, and built once: the plan
+holds its Lowered (``plan.lower()``; other ``platforms``: a new one), a Lowered its trace,
+its lowering and its Compiled (``compile()`` compiles on its first call only), a Compiled
+its boundary. gp.spmd's call runs ``plan.lower().compile()``, so a plan compiles once
+however it is run (``f(...)``, ``plan.run(...)``, ``compiled(...)``). A staged call (a
+gp.spmd function under a caller's jax.jit) uses the Lowered's jit and its staged layouts
+(``staged_in_shardings``, ``staged_out_shardings``) and compiles nothing here.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import attrs
@@ -28,7 +33,8 @@ from ..core.errors import ArgumentError, ShardingError
 from ..frontend.constraints import outside_user_mesh
 from ..partitioner.host_calls import raise_failures
 from .boundary import Boundary
-from .layout import boundary_sharding, input_sharding, own_mesh
+from .layout import boundary_sharding, even_dims, input_sharding, own_mesh, staged_sharding
+from .plancheck import check_same_program
 
 
 def out_shardings(plan) -> Optional[tuple]:
@@ -52,44 +58,79 @@ def trace_program(plan, jitted):
         return jitted.trace(*avals)
 
 
-@attrs.frozen(eq=False, repr=False)
+@attrs.frozen(eq=False, repr=False, slots=False)
 class Lowered:
-    """A plan's program lowered: ``jitted`` (the jit of the shard_map of the per-device program),
-    ``traced`` (``jax.stages.Traced`` at the padded input shapes), ``lowered``
-    (``jax.stages.Lowered``; for CPU on an abstract mesh, which can be lowered, not compiled)."""
+    """A plan's program to lower: ``jitted`` (the jit of the shard_map of the per-device
+    program) for ``platforms`` (None: the backend's); built on first use, once: ``traced``
+    (``jax.stages.Traced`` at the padded input shapes), ``lowered`` (``jax.stages.Lowered``;
+    for CPU on an abstract mesh, which can be lowered, not compiled) and its Compiled."""
 
     plan: Any
     jitted: Any
-    traced: Any
-    lowered: Any
+    platforms: Optional[tuple[str, ...]] = None
 
     @classmethod
-    def of(cls, plan, jitted=None, platforms: Optional[Sequence[str]] = None) -> "Lowered":
-        """Lower ``plan`` (``jitted``: its jit when the caller has one; ``platforms``: lower for
-        these, default the backend's, CPU on an abstract mesh)."""
-        if jitted is None:
-            jitted = jit_program(plan, out_shardings(plan))
-        traced = trace_program(plan, jitted)
+    def of(cls, plan, platforms: Optional[Sequence[str]] = None) -> "Lowered":
+        """The Lowered stage of ``plan`` (``platforms``: lower for these, default the backend's,
+        CPU on an abstract mesh)."""
         if platforms is None and plan.mesh.is_abstract:
             platforms = ("cpu",)
-        lowered = traced.lower(lowering_platforms=tuple(platforms)) if platforms else traced.lower()
-        return cls(plan, jitted, traced, lowered)
+        return cls(plan, jit_program(plan, out_shardings(plan)), None if platforms is None else tuple(platforms))
 
     def __repr__(self) -> str:
         return f"<Lowered {self.plan.fn_name} on {self.plan.mesh}>"
+
+    @functools.cached_property
+    def traced(self):
+        """``self.jitted`` traced at the padded input shapes, once."""
+        return trace_program(self.plan, self.jitted)
+
+    @functools.cached_property
+    def lowered(self):
+        """``self.traced`` lowered, once."""
+        return self.traced.lower(lowering_platforms=self.platforms) if self.platforms else self.traced.lower()
 
     def as_text(self) -> str:
         """StableHLO of the SPMD program."""
         return self.lowered.as_text()
 
     def compile(self) -> "Compiled":
-        """A new Compiled (XLA compiles again on each call: keep the one you run)."""
+        """The Compiled stage: XLA compiles on the first call, later calls return it."""
+        return self._compiled
+
+    @functools.cached_property
+    def _compiled(self) -> "Compiled":
         if self.plan.mesh.is_abstract:
             raise ShardingError(f"{self.plan.mesh} is abstract: it can be planned and lowered, not run")
         return Compiled(self.plan, self, self.lowered.compile(), Boundary.of(self.plan, self.traced.jaxpr))
 
+    def check_same_program(self) -> None:
+        """Multi-process runs: raise unless every process planned this program (plancheck.py),
+        once per stage (the first call of each process, at the same point: it is a collective)."""
+        return self._same_program
 
-@attrs.frozen(eq=False, repr=False)
+    @functools.cached_property
+    def _same_program(self) -> None:
+        check_same_program(self.plan)
+
+    # -- staged into a caller's trace (api/primitive.py, api/api.py) ---------------------
+    @functools.cached_property
+    def _staged_out(self) -> tuple:
+        staged = [staged_sharding(self.plan, d) for d in self.plan.out_fine_dims]
+        return tuple((in_memory(s, self.plan, i), moved) for i, (s, moved) in enumerate(staged))
+
+    def staged_out_shardings(self) -> tuple:
+        """Per output: (NamedSharding over the user's mesh, whether it differs from the plan's
+        layout): how an output leaves the program staged into a caller's trace."""
+        return self._staged_out
+
+    def staged_in_shardings(self) -> tuple[NamedSharding, ...]:
+        """Per input: the NamedSharding over the user's mesh a staged call takes it in."""
+        plan = self.plan
+        return tuple(staged_sharding(plan, even_dims(plan, v.shape, plan.fine_dims(v)))[0] for v in plan.graph.inputs)
+
+
+@attrs.frozen(eq=False, repr=False, slots=False)
 class Compiled:
     """A plan's program compiled: ``compiled`` (``jax.stages.Compiled``), ``boundary`` (how
     arguments enter it: boundary.Boundary), ``lowered`` (the stage it came from)."""

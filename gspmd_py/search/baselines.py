@@ -39,6 +39,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..core.jax_compat import scan_counts
+from ..ops import facts as F
+from ..ops import facts_of
 from .context import TacticContext, fair_split
 from .points import PointClass
 
@@ -114,7 +116,7 @@ def _roles(ctx: TacticContext, classes: Sequence[PointClass]):
     cls_of = {vid: i for i, c in enumerate(classes) if c.is_input for vid in c.values if vid in roots}
     al = scan_aliases(ctx.graph)
     dots = [(op, [view_of(x, al)[0].id for x in op.inputs]) for op in ctx.graph.walk()
-            if op.prim == "dot_general" and len(op.inputs) == 2]
+            if facts_of(op.prim).flops == F.DOT_FLOPS and len(op.inputs) == 2]  # (a ragged dot has 3)
     weights: list[int] = []  # value ids, in first-use order
     acts: set = set()
     for op, (lhs, rhs) in dots:

@@ -69,6 +69,10 @@ class TacticContext:
     used_axes: list = attrs.Factory(list)  # mesh axis names earlier tactics named
     log: list = attrs.Factory(list)
     hardware: object = None  # the gp.Hardware the last auto tactic priced on (tactics.auto_hardware)
+    # how a candidate's program is built: the compiler's pass records from partition to
+    # reindex (partitioner/passes.py; None: PROGRAM_PASSES) and its combiner threshold
+    passes: Optional[tuple] = None
+    combine_threshold_bytes: Optional[int] = None
     _fixed: set = attrs.field(init=False, factory=set)
     _values: dict = attrs.field(init=False, factory=dict)
 

@@ -120,7 +120,7 @@ class _Search:
         self.rng = random.Random(seed)
         self.who = who
         self.classes = point_classes(ctx)
-        self.pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate)
+        self.pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate, ctx.combine_threshold_bytes, ctx.passes)
         self.memo: dict = {}  # state -> (score, Candidate, fingerprint)
         self.actions = [(c, d, a) for c, pc in enumerate(self.classes) for d in range(len(pc.shape))
                         for a in self.axes]

@@ -1,9 +1,12 @@
 """Pricing one candidate: propagate its seeds, build the per-device program, run the cost model.
 
-The search prices many candidates of ONE traced graph. For each it runs the two passes the
-cost model needs and nothing more: ``Propagation`` (shardings and projections) and the
-partitioner's per-device program (``build_body`` traced by ``jax.make_jaxpr``: no jit, no
-lowering, no XLA compile), then ``cost.cost`` over it. Candidates whose propagation ends in
+The search prices many candidates of ONE traced graph. For each it runs what the cost model
+needs and nothing more: ``Propagation`` (shardings and projections), then the compiler's own
+pass records from ``partition`` to ``reindex`` (partitioner/passes.py: the per-device
+program traced by ``jax.make_jaxpr``, indexed, combined, indexed again; no jit, no lowering,
+no XLA compile), then ``cost.cost`` over it. The records are the slice of the compiler's
+``PASSES`` the compiler hands the search (``TacticContext.passes``), so the program priced is
+built by the code that builds the program that runs. Candidates whose propagation ends in
 the same shardings share one price (``Pricer`` memoises by that fingerprint).
 """
 from __future__ import annotations
@@ -17,8 +20,10 @@ from ..core.ir import Graph
 from ..runtime.layout import own_mesh
 from ..frontend.constraints import outside_user_mesh
 from ..core.mesh import Mesh
-from ..program.combine import DEFAULT_THRESHOLD_BYTES, combine
-from ..partitioner.passes import index_program, partition_graph, reindex
+from ..program.combine import DEFAULT_THRESHOLD_BYTES
+from ..partitioner import passes as program_passes
+from ..partitioner.passes import Pass, run_passes
+from ..partitioner.shaping import Shaping
 from ..propagation import Propagation, Seed
 from ..core.sharding import Sharding
 
@@ -43,28 +48,26 @@ def fingerprint(prop: Propagation, graph: Graph) -> tuple:
 
 
 def per_device_program(graph: Graph, mesh: Mesh, prop: Propagation,
-                       combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
-                       donate: Sequence[int] = (), splice: bool = True) -> CostInput:
-    """The partitioner's per-device program for these shardings, traced to a jaxpr, combined
-    and indexed: the compiler's partition, index and combine passes (partitioner/passes.py),
-    without the jit around them; as the cost model's typed input. ``splice``: the combiner
-    splices its merged collectives into the traced program instead of retracing it all
-    (combine.py's ``_splice_body``: the same program, checked by
-    tests/search/test_search_speed.py)."""
+                       combine_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, donate: Sequence[int] = (),
+                       passes: Optional[Sequence[Pass]] = None) -> CostInput:
+    """The per-device program for these shardings, as the cost model's typed input: ``passes``
+    (default ``PROGRAM_PASSES``: the compiler's partition, index, combine and reindex) run over
+    the propagation, without the jit around them."""
+    passes = program_passes.PROGRAM_PASSES if passes is None else passes
+    state = {"graph": graph, "mesh": mesh, "prop": prop, "shaping": Shaping(), "threshold": combine_threshold_bytes}
     with outside_user_mesh(), own_mesh():
-        part = partition_graph(graph, mesh, prop)
-        raw = index_program(part.program, part.fine, graph)
-        program = combine(raw, combine_threshold_bytes, part.axis_env, splice=splice)
-    return CostInput(reindex(raw, program, part.fine, graph), mesh, tuple(donate))
+        run_passes(passes, state)
+    return CostInput(state["idx"], mesh, tuple(donate))
 
 
 class Pricer:
     """Prices seed sets over one graph; memoised by the propagated fingerprint."""
 
     def __init__(self, graph: Graph, mesh: Mesh, hardware: Hardware, donate: Sequence[int] = (),
-                 combine_threshold_bytes: Optional[int] = None):
+                 combine_threshold_bytes: Optional[int] = None, passes: Optional[Sequence[Pass]] = None):
         self.graph, self.mesh, self.hw = graph, mesh, hardware
         self.donate = tuple(donate)
+        self.passes = passes  # the pass records that build a candidate's program (None: PROGRAM_PASSES)
         self.combine = DEFAULT_THRESHOLD_BYTES if combine_threshold_bytes is None else combine_threshold_bytes
         self._memo: dict = {}
         self.priced = 0  # distinct programs built and costed
@@ -95,7 +98,7 @@ class Pricer:
         """Build and cost one candidate (a failure propagates: the search skips and counts it)."""
         if self.collect is not None:  # (the previous program's cycles: it is garbage by now)
             self.collect()
-        prog = per_device_program(self.graph, self.mesh, prop, self.combine, self.donate)
+        prog = per_device_program(self.graph, self.mesh, prop, self.combine, self.donate, self.passes)
         c = cost(prog, self.hw)
         return Price(c.step_s, c.peak_memory_bytes, c.comm_bytes, len(prog.index.collectives),
                      _top_buffers(self.graph, self.mesh, prop))

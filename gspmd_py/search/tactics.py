@@ -447,7 +447,7 @@ def apply_tactics(tactics: Sequence, ctx: TacticContext, hardware=None) -> Tacti
         t.apply(ctx)
         ctx.used_axes.extend(a for a in t.axes if a not in ctx.used_axes)
     hw = ctx.hardware or hardware or Hardware.preset("h100-node")  # ctx.hardware: the last auto tactic's
-    pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate)
+    pricer = Pricer(ctx.graph, ctx.mesh, hw, ctx.donate, ctx.combine_threshold_bytes, ctx.passes)
     full, upto = ctx.decided, {}
     try:
         for i, rec in enumerate(ctx.log):  # the step after each tactic: its decisions and those before it

@@ -23,8 +23,9 @@ import numpy as np
 from ..api.api import spmd
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.mesh import Mesh
+from ..ops.collectives import KINDS as COLLECTIVE_KINDS
 
-KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+KINDS = tuple(COLLECTIVE_KINDS)
 
 
 def _abstract(a):

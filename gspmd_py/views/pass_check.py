@@ -33,6 +33,7 @@ import attrs
 from . import pass_text
 from ..core.errors import ShardingError
 from ..ops import facts_of
+from ..partitioner.passes import index_program
 
 DUMP_ENV = "GSPMD_PY_DUMP"
 VERIFY_ENV = "GSPMD_PY_VERIFY"
@@ -112,7 +113,7 @@ def verify(pass_name: str, result, mesh, **context) -> None:
     elif pass_name in ("index", "reindex"):
         _collectives_match(pass_name, result, {op.id for op in context["graph"].walk()})
         if pass_name == "reindex" and result is not context["raw"]:
-            fresh = context["fresh"](result.program)
+            fresh = index_program(result.program, context["part"].fine, context["graph"])
             if list(fresh.collectives) != list(result.collectives):
                 raise PassInvariantError("reindex: the records differ from a fresh index of the combined program")
 

@@ -34,7 +34,7 @@ def summary(plan):
 def replica_groups(plan):
     """(kind, groups) of each collective XLA compiled, the groups as explicit device lists whatever
     form the HLO text uses (``{{0,1},{2,3}}``; jax >= 0.12: ``mesh['a'=2,'b'=4] {'b'}``)."""
-    text = plan.compiled().as_text()
+    text = plan.lower().compile().as_text()
     found = re.findall(r"= \S+ (all-reduce|reduce-scatter|all-gather)(?:-start)?\(.*?"
                        r"replica_groups=(\{[\d,{}]*\}|mesh\[[^\]]*\] \{[^}]*\})", text)
     return [(k, _explicit_groups(g)) for k, g in found]

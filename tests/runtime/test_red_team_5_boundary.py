@@ -191,7 +191,7 @@ def test_memory_kinds_of_inputs_as_jax_jit(kind):
     f = gp.spmd(fn, JAX_MESH, in_shardings=(s, None))
     want = jax.jit(fn, in_shardings=(s, None))(a, w)
     assert jax.jit(fn, in_shardings=(s, None)).lower(a, w).compile().input_shardings[0][0].memory_kind == kind
-    assert f.executable(a, w).compiled().input_shardings[0][0].memory_kind == kind
+    assert f.lower(a, w).compile().compiled.input_shardings[0][0].memory_kind == kind
     for got in (f(a, w), f(jax.device_put(a, s), w), jax.jit(f)(a, w)):
         assert got.sharding.memory_kind == want.sharding.memory_kind
         np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -23,16 +23,17 @@ def _search(args, **kw):
 
 
 def _fail_builds(monkeypatch, n):
-    """compiler.partition (the plan's pass, not the search's pricer) raises on its first n calls."""
-    real, calls = compiler.partition, []
+    """compiler.assemble (the plan made of the passes' results: the compiler's step, not the
+    search's pricer, which runs the same passes) raises on its first n calls."""
+    real, calls = compiler.assemble, []
 
-    def partition(*a, **k):
+    def assemble(*a, **k):
         calls.append(1)
         if n is None or len(calls) <= n:
             raise RuntimeError("injected: this plan does not build")
         return real(*a, **k)
 
-    monkeypatch.setattr(compiler, "partition", partition)
+    monkeypatch.setattr(compiler, "assemble", assemble)
     return calls
 
 

@@ -2,7 +2,7 @@
 per-graph memo (interned tensor keys, projections memoised on (rule, keys), shared by every
 ``with_seeds`` run) gives exactly a fresh run's shardings and projections, and the combiner's
 cycle check by group dependency bitsets merges exactly the collectives the member-by-member
-walk did, and the pricer's spliced combine builds exactly the retraced program."""
+walk did (the program the search prices is the compiler's: test_pass_list.py)."""
 import itertools
 
 import jax
@@ -16,9 +16,7 @@ from gspmd_py.program import combine as C
 from gspmd_py.propagation import Propagation, Seed
 from gspmd_py.propagation.engine import DimState
 from gspmd_py.runtime.layout import own_mesh
-from gspmd_py.cost import cost
-from gspmd_py.search.price import fingerprint, per_device_program
-from gspmd_py.views.pass_text import program_text
+from gspmd_py.search.price import fingerprint
 from models import REFERENCE
 
 S = jax.ShapeDtypeStruct
@@ -171,30 +169,6 @@ def test_combiner_groups_equal_the_member_by_member_walk(name, fn, shapes, mesh_
             assert [g.members for g in C.merge_groups(body, threshold)] == want
             merged += len(want)
     assert merged > 0  # the check saw collectives merge
-
-
-@pytest.mark.parametrize("name,fn,shapes,mesh_shape,names", MERGING, ids=[r[0] for r in MERGING])
-def test_spliced_combine_equals_the_retrace(name, fn, shapes, mesh_shape, names):
-    """The pricer's combiner splices each merged group into the traced program (combine.py's
-    ``_splice_body``) instead of retracing every equation: the same program text, index
-    (every equation's op, scope, loops, collectives, dependencies) and cost as the retrace,
-    over the search's kind of candidates (the inputs' single and paired splits)."""
-    mesh = gp.Mesh(mesh_shape, names)
-    graph = _graph(fn, shapes, mesh)
-    hw = gp.Hardware.preset("h100-node")
-    merged = 0
-    for seeds in _seed_sets(graph, mesh)[:10] + [[]]:
-        prop = Propagation(graph, mesh, seeds).run()
-        fast = per_device_program(graph, mesh, prop, splice=True)
-        slow = per_device_program(graph, mesh, prop, splice=False)
-        assert str(fast.index.program) == str(slow.index.program)
-        assert fast.index.entries == slow.index.entries
-        assert program_text(fast.index) == program_text(slow.index)
-        a, b = cost(fast, hw), cost(slow, hw)
-        assert (a.step_s, a.peak_memory_bytes, a.comm_bytes, a.collectives) == \
-            (b.step_s, b.peak_memory_bytes, b.comm_bytes, b.collectives)
-        merged += any(e.key.startswith("combined") for e in fast.index.entries)
-    assert merged > 0  # some candidates merged collectives (the splice ran)
 
 
 class _FullSweep(Propagation):

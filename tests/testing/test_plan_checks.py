@@ -6,7 +6,7 @@ import pytest
 
 import gspmd_py as gp
 import gspmd_py.testing as gpt
-from gspmd_py.runtime import executable
+from gspmd_py.runtime import stages
 
 BIG = gp.Mesh.abstract((64, 64), ("x", "y"))
 X = jax.ShapeDtypeStruct((4096, 8192), np.float32)
@@ -22,7 +22,7 @@ def _nothing_runs(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("assert_plan ran the program")
 
-    monkeypatch.setattr(executable.Executable, "run", refuse)
+    monkeypatch.setattr(stages.Compiled, "run", refuse)
 
 
 def test_properties_hold():
