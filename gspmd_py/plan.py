@@ -51,7 +51,20 @@ def _read_only(m: Mapping) -> Mapping:
 @attrs.frozen(slots=False, eq=False, repr=False)
 class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes (built by
-    compiler.plan_jaxpr from its passes' results; see the module doc)."""
+    compiler.plan_jaxpr from its passes' results; see the module doc). ``f.plan(*args)``
+    returns one; nothing in it runs until it is lowered and compiled.
+
+    What a user reads: ``sharding_of``, ``in_shardings``, ``out_shardings``, ``collectives``,
+    ``fallbacks``, ``report()``, ``explain()``, ``visualize()``, ``save_html()``, ``cost()``,
+    ``spmd_text()``, ``lower_text()``, ``lower()``.
+
+    Fields (the passes' results, for contributors): ``fn_name``; ``mesh`` (the gp.Mesh);
+    ``graph`` (the traced IR); ``prop`` (the propagation: shardings, projections, provenance);
+    ``fine`` (the execution mesh, sub-axes split); ``shaping``; ``diagnostics`` (notes,
+    fallbacks); ``program`` (the per-device jaxpr); ``index`` (the program index); ``in_dims``
+    and ``out_dims`` (the boundary over the fine mesh); ``op_plans``; ``in_tree``, ``out_tree``
+    and ``in_names`` (the pytrees and the flat inputs' names); ``donate_argnums``;
+    ``combine_threshold_bytes``; ``tactics`` (what each gp.tactics entry decided)."""
 
     fn_name: str
     mesh: Mesh
@@ -124,10 +137,13 @@ class Plan:
 
     @property
     def fallbacks(self) -> list[Fallback]:
+        """The ops partitioned by the replicated fallback (each with its reason); [] when none."""
         return list(self.diagnostics.fallbacks)
 
     @property
     def collectives(self) -> list[Collective]:
+        """Every collective of the per-device program, in program order (a list of gp.Collective:
+        kind, mesh axes, bytes per device, the op that caused it, whether it runs in a loop)."""
         return list(self.index.collectives)
 
     @functools.cached_property
@@ -237,17 +253,25 @@ class Plan:
         raise ShardingError(f"no value named {name!r} in {self.fn_name}; named values: {known} (and out0, out1, ...)")
 
     def sharding_of(self, name: str) -> Sharding:
+        """The gp.Sharding of the value called ``name``: a ``gp.tag`` name, an input's path
+        (``arg0``, ``arg1['w']``, as ``in_names``) or an output (``out0``, ``out1``, ...).
+        ``.spec`` is its ``P(...)``; ``str()`` the GSPMD tile form."""
         return self._shardings[self._value(name).id]
 
     @property
     def in_shardings(self):
+        """The inputs' gp.Shardings, in the pytree structure of the arguments (propagation's
+        choice where ``in_shardings`` said None)."""
         return jax.tree_util.tree_unflatten(self.in_tree, [self._shardings[v.id] for v in self.graph.inputs])
 
     @property
     def out_shardings(self):
+        """The outputs' gp.Shardings, in the pytree structure of the function's result."""
         return jax.tree_util.tree_unflatten(self.out_tree, [self._shardings[v.id] for v in self.graph.outputs])
 
     def explain(self, name: str) -> str:
+        """Why the value called ``name`` (as ``sharding_of``) has its sharding: the chain of ops
+        back to the annotation, argument sharding or tactic each of its dims came from."""
         return self.prop.explain(self._value(name), name)
 
     def spmd_text(self) -> str:

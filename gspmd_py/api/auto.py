@@ -52,7 +52,16 @@ from ..search.optimizer import SearchResult
 
 @attrs.frozen
 class AutoResult:
-    """What ``gp.auto_shard`` found (see the module docstring)."""
+    """What ``gp.auto_shard`` found (see the module docstring).
+
+    ``in_shardings`` / ``out_shardings``: the chosen boundary (pytrees of gp.Sharding);
+    ``plan``: the chosen gp.Plan; ``cost``: its gp.Cost on the search's hardware;
+    ``explored``: how many candidates were priced; ``spmd``: a gp.spmd function that runs the
+    plan; ``search``: the search's own record; ``decided``: the tactic that replays its
+    decisions (``rules()``); ``hardware_text``: which hardware priced the plans and why;
+    ``fallback``: "" or which candidate replaced a best plan that failed to build;
+    ``pipeline``, ``pipelines``, ``pipeline_text``: the pipeline schedule chosen for open
+    ``gp.pipeline`` calls, the schedules priced, and why."""
 
     in_shardings: Any
     out_shardings: Any
