@@ -147,6 +147,17 @@ class Plan:
         return list(self.index.collectives)
 
     @functools.cached_property
+    def out_names(self) -> tuple[str, ...]:
+        """One name per flat output, as ``in_names`` names the inputs: ``out`` for a function
+        returning one array, else ``out`` and the leaf's pytree path (``out[0]``,
+        ``out['loss']``). ``sharding_of`` and ``explain`` take them (and ``out0``, ``out1``...)."""
+        n = len(self.graph.outputs)
+        if self.out_tree is None:
+            return tuple(f"out{i}" for i in range(n))
+        leaves = jax.tree_util.tree_unflatten(self.out_tree, list(range(n)))
+        return tuple("out" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(leaves)[0])
+
+    @functools.cached_property
     def out_fine_dims(self) -> tuple[FineDims, ...]:
         """The outputs' layouts as the program returns them (an uneven output's, evened)."""
         return tuple(boundary_out_dims(self.fine.size_of, v.shape, d) for v, d in zip(self.graph.outputs, self.out_dims))
@@ -247,14 +258,17 @@ class Plan:
             return found[0]
         if name in self.in_names:
             return self.graph.inputs[self.in_names.index(name)]
+        if name in self.out_names:
+            return self.graph.outputs[self.out_names.index(name)]
         if name.startswith("out") and name[3:].isdigit() and int(name[3:]) < len(self.graph.outputs):
             return self.graph.outputs[int(name[3:])]
-        known = sorted({v.name for v in self.graph.values() if v.name} | set(self.in_names))
+        known = sorted({v.name for v in self.graph.values() if v.name} | set(self.in_names)) + list(self.out_names)
         raise ShardingError(f"no value named {name!r} in {self.fn_name}; named values: {known} (and out0, out1, ...)")
 
     def sharding_of(self, name: str) -> Sharding:
         """The gp.Sharding of the value called ``name``: a ``gp.tag`` name, an input's path
-        (``arg0``, ``arg1['w']``, as ``in_names``) or an output (``out0``, ``out1``, ...).
+        (``arg0``, ``arg1['w']``, as ``in_names``) or an output's (``out``, ``out['loss']``, as
+        ``out_names``; or by position, ``out0``, ``out1``, ...).
         ``.spec`` is its ``P(...)``; ``str()`` the GSPMD tile form."""
         return self._shardings[self._value(name).id]
 
@@ -311,7 +325,7 @@ class Plan:
 
         v = self._value(name)
         s = self._shardings[v.id]
-        return visualize(s, v.shape, f"{name} {v.type_str} {s.shardy()} on {self.mesh}", show=show)
+        return visualize(s, v.shape, f"{name} {v.type_str} {s.spec!r} on {self.mesh}", show=show)
 
     def save_html(self, path: str | None = None) -> str:
         """Write one self-contained HTML page (per-op table, collectives, tile grids, explain

@@ -206,7 +206,7 @@ def test_explain_names_the_chain(m22):
         return gp.tag(h * 2, "hidden")
     p = plan(f, m22, (gp.P("a", None),), (8, 8))
     text = p.explain("hidden")
-    assert "dim 0: {a}" in text and "tanh" in text and "in_shardings of arg0" in text
+    assert "dim 0: 'a'" in text and "tanh" in text and "in_shardings of arg0" in text
     assert "dim 1: replicated" in text
 
 
