@@ -18,6 +18,7 @@ import attrs
 
 import gspmd_py as gp
 import gspmd_py.testing as gpt
+from gspmd_py.api.auto import SearchedRules
 from gspmd_py.cost.model import CollectiveCost, OpCost
 from gspmd_py.runtime.stages import Compiled, Lowered
 
@@ -25,7 +26,7 @@ API = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 MODULES = {"gspmd_py": gp, "gspmd_py.tactics": gp.tactics, "gspmd_py.testing": gpt,
            "gspmd_py.distributed": gp.distributed}
 RETURNED = (gp.Plan, gp.Spmd, Lowered, Compiled, gp.AutoResult, gp.Cost, CollectiveCost, OpCost, gp.Collective,
-            gp.Schedule, gp.Hardware)
+            gp.Schedule, gp.Hardware, SearchedRules)
 DIRECTIVE = re.compile(r"^\.\. auto(module|class|function|exception):: (\S+)\n((?:   +\S.*\n)*)", re.M)
 
 
