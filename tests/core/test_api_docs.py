@@ -166,6 +166,7 @@ def test_a_missing_entry_or_docstring_is_found():
             """Documented."""
             return self.size
 
+    assert Thing(2, "red").area == 2
     assert class_gaps(Thing, None) == ["Thing.shown: no docstring", "Thing.color: a field the class docstring "
                                        "does not name"]
     assert class_gaps(Thing, {"shown"}) == ["Thing.shown: no docstring", "Thing.area: not in the entry's :members:",

@@ -1,4 +1,4 @@
-"""The examples print what examples/README.md says they print: each ``python examples/X.py
+"""The examples print what examples/README.md says they print: each ``python examples/<example>.py
 ARGS`` shown there with its expected output is run (in this process, on the 8 CPU devices of
 conftest.py) and its output compared line by line: the text, the collective counts by kind and
 the shardings exactly; the losses to 1e-5 relative (their last digits differ between machines
@@ -17,7 +17,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 README = EXAMPLES / "README.md"
 NEEDS = {"flax_gpt": ("flax", "optax"), "equinox_mlp": ("equinox", "optax"), "spatial_conv": ("flax", "optax"),
          "multihost_train": ()}
-# "`python examples/name.py args`:" (a line of its own or the end of a paragraph), then a text block
+# "`python examples/<example>.py args`:" (a line of its own or the end of a paragraph), then a text block
 SHOWN = re.compile(r"`python examples/(\w+)\.py([^`]*)`[^\n]*:\n\n```text\n(.*?)```", re.S)
 LAUNCHED = re.compile(r"^`python -m gspmd_py\.launch ([^`]*)`.*?```text\n(.*?)```", re.S | re.M)
 FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
