@@ -64,7 +64,9 @@ class Plan:
     fallbacks); ``program`` (the per-device jaxpr); ``index`` (the program index); ``in_dims``
     and ``out_dims`` (the boundary over the fine mesh); ``op_plans``; ``in_tree``, ``out_tree``
     and ``in_names`` (the pytrees and the flat inputs' names); ``donate_argnums``;
-    ``combine_threshold_bytes``; ``tactics`` (what each gp.tactics entry decided)."""
+    ``combine_threshold_bytes``; ``tactics`` (what each gp.tactics entry decided); ``out_weak``
+    (per output, whether its traced type is weak); ``out_memory_kinds`` and ``in_memory_kinds``
+    (per output / input, the memory kind it is returned in / taken from, None: device memory)."""
 
     fn_name: str
     mesh: Mesh
