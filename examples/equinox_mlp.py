@@ -75,8 +75,8 @@ def main(argv=None, *, steps: int = 10, batch: int = 64, width: int = 64) -> flo
     plan = spmd_step.plan(params, opt_state, xs[0], ys[0])
     print(f"Equinox MLP on {mesh}: {len(plan.collectives)} collectives per step "
           f"({', '.join(sorted({c.kind for c in plan.collectives}))}), {len(plan.fallbacks)} replicated fallbacks; "
-          f"layer 0 weight {plan.in_shardings[0].layers[0].weight.shardy()}, "
-          f"layer 1 weight {plan.in_shardings[0].layers[1].weight.shardy()}")
+          f"layer 0 weight {plan.in_shardings[0].layers[0].weight.spec}, "
+          f"layer 1 weight {plan.in_shardings[0].layers[1].weight.spec}")
 
     return compare(spmd_step, plain_step, params, opt_state, zip(xs, ys))
 

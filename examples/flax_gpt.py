@@ -126,9 +126,9 @@ def main(argv=None, *, steps: int = 10, batch: int = 8, layers: int = 2) -> floa
     print(f"GPT ({sum(x.size for x in jax.tree.leaves(params)):,} parameters) on {mesh}: "
           f"{len(plan.collectives)} collectives per step {kinds}, {len(plan.fallbacks)} replicated fallbacks")
     ins = plan.in_shardings[0]["block_0"]
-    print(f"query kernel {ins['query']['kernel'].shardy()}, out kernel {ins['out']['kernel'].shardy()}, "
-          f"up kernel {ins['up']['kernel'].shardy()}, down kernel {ins['down']['kernel'].shardy()}, "
-          f"attention {plan.sharding_of('attention').shardy()}")
+    print(f"query kernel {ins['query']['kernel'].spec}, out kernel {ins['out']['kernel'].spec}, "
+          f"up kernel {ins['up']['kernel'].spec}, down kernel {ins['down']['kernel'].spec}, "
+          f"attention {plan.sharding_of('attention').spec}")
     if args.html:
         plan.save_html(args.html)
         print(f"plan written to {args.html}")

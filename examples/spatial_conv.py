@@ -64,16 +64,17 @@ def main(argv=None, *, steps: int = 6, batch: int = 8, size: int = 16) -> float:
         return optax.apply_updates(params, updates), opt_state, loss
 
     mesh = gp.Mesh((2, 4), ("x", "y"))
-    # images: batch over x, height over y (spatial partitioning); parameters replicated
+    # images: batch over x, height over y (spatial partitioning); parameters and optimizer state
+    # None: left to propagation
     spmd_step = gp.spmd(train_step, mesh, in_shardings=(None, None, P("x", "y", None, None), P("x")))
     plain_step = jax.jit(train_step)
     plan = spmd_step.plan(params, opt_state, images, labels)
     kinds = {}
     for c in plan.collectives:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
-    print(f"conv net on {mesh}, images {images.shape} split {plan.sharding_of('arg2').shardy()}: "
+    print(f"conv net on {mesh}, images {images.shape} split {plan.sharding_of('arg2').spec}: "
           f"{len(plan.collectives)} collectives per step {kinds}, {len(plan.fallbacks)} replicated fallbacks; "
-          f"pooled activations {plan.sharding_of('pooled').shardy()}")
+          f"pooled activations {plan.sharding_of('pooled').spec}")
 
     return compare(spmd_step, plain_step, params, opt_state, [(images, labels)] * args.steps)
 

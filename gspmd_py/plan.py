@@ -50,7 +50,22 @@ def _read_only(m: Mapping) -> Mapping:
 @attrs.frozen(slots=False, eq=False, repr=False)
 class Plan:
     """Everything gspmd_py decided for one function and one set of input shapes (built by
-    compiler.plan_jaxpr from its passes' results; see the module doc)."""
+    compiler.plan_jaxpr from its passes' results; see the module doc). ``f.plan(*args)``
+    returns one; nothing in it runs until it is lowered and compiled.
+
+    What a user reads: ``sharding_of``, ``in_shardings``, ``out_shardings``, ``collectives``,
+    ``fallbacks``, ``report()``, ``explain()``, ``visualize()``, ``save_html()``, ``cost()``,
+    ``spmd_text()``, ``lower_text()``, ``lower()``.
+
+    Fields (the passes' results, for contributors): ``fn_name``; ``mesh`` (the gp.Mesh);
+    ``graph`` (the traced IR); ``prop`` (the propagation: shardings, projections, provenance);
+    ``fine`` (the execution mesh, sub-axes split); ``shaping``; ``diagnostics`` (notes,
+    fallbacks); ``program`` (the per-device jaxpr); ``index`` (the program index); ``in_dims``
+    and ``out_dims`` (the boundary over the fine mesh); ``op_plans``; ``in_tree``, ``out_tree``
+    and ``in_names`` (the pytrees and the flat inputs' names); ``donate_argnums``;
+    ``combine_threshold_bytes``; ``tactics`` (what each gp.tactics entry decided); ``out_weak``
+    (per output, whether its traced type is weak); ``out_memory_kinds`` and ``in_memory_kinds``
+    (per output / input, the memory kind it is returned in / taken from, None: device memory)."""
 
     fn_name: str
     mesh: Mesh
@@ -118,11 +133,25 @@ class Plan:
 
     @property
     def fallbacks(self) -> list[Fallback]:
+        """The ops partitioned by the replicated fallback (each with its reason); [] when none."""
         return list(self.diagnostics.fallbacks)
 
     @property
     def collectives(self) -> list[Collective]:
+        """Every collective of the per-device program, in program order (a list of gp.Collective:
+        kind, mesh axes, bytes per device, the op that caused it, whether it runs in a loop)."""
         return list(self.index.collectives)
+
+    @functools.cached_property
+    def out_names(self) -> tuple[str, ...]:
+        """One name per flat output, as ``in_names`` names the inputs: ``out`` for a function
+        returning one array, else ``out`` and the leaf's pytree path (``out[0]``,
+        ``out['loss']``). ``sharding_of`` and ``explain`` take them (and ``out0``, ``out1``...)."""
+        n = len(self.graph.outputs)
+        if self.out_tree is None:
+            return tuple(f"out{i}" for i in range(n))
+        leaves = jax.tree_util.tree_unflatten(self.out_tree, list(range(n)))
+        return tuple("out" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(leaves)[0])
 
     @functools.cached_property
     def out_fine_dims(self) -> tuple[FineDims, ...]:
@@ -195,23 +224,34 @@ class Plan:
             return found[0]
         if name in self.in_names:
             return self.graph.inputs[self.in_names.index(name)]
+        if name in self.out_names:
+            return self.graph.outputs[self.out_names.index(name)]
         if name.startswith("out") and name[3:].isdigit() and int(name[3:]) < len(self.graph.outputs):
             return self.graph.outputs[int(name[3:])]
-        known = sorted({v.name for v in self.graph.values() if v.name} | set(self.in_names))
+        known = sorted({v.name for v in self.graph.values() if v.name} | set(self.in_names)) + list(self.out_names)
         raise ShardingError(f"no value named {name!r} in {self.fn_name}; named values: {known} (and out0, out1, ...)")
 
     def sharding_of(self, name: str) -> Sharding:
+        """The gp.Sharding of the value called ``name``: a ``gp.tag`` name, an input's path
+        (``arg0``, ``arg1['w']``, as ``in_names``) or an output's (``out``, ``out['loss']``, as
+        ``out_names``; or by position, ``out0``, ``out1``, ...).
+        ``.spec`` is its ``P(...)``; ``str()`` the GSPMD tile form."""
         return self._shardings[self._value(name).id]
 
     @property
     def in_shardings(self):
+        """The inputs' gp.Shardings, in the pytree structure of the arguments (propagation's
+        choice where ``in_shardings`` said None)."""
         return jax.tree_util.tree_unflatten(self.in_tree, [self._shardings[v.id] for v in self.graph.inputs])
 
     @property
     def out_shardings(self):
+        """The outputs' gp.Shardings, in the pytree structure of the function's result."""
         return jax.tree_util.tree_unflatten(self.out_tree, [self._shardings[v.id] for v in self.graph.outputs])
 
     def explain(self, name: str) -> str:
+        """Why the value called ``name`` (as ``sharding_of``) has its sharding: the chain of ops
+        back to the annotation, argument sharding or tactic each of its dims came from."""
         return self.prop.explain(self._value(name), name)
 
     def spmd_text(self) -> str:
@@ -251,7 +291,7 @@ class Plan:
 
         v = self._value(name)
         s = self._shardings[v.id]
-        return visualize(s, v.shape, f"{name} {v.type_str} {s.shardy()} on {self.mesh}", show=show)
+        return visualize(s, v.shape, f"{name} {v.type_str} {s.spec!r} on {self.mesh}", show=show)
 
     def save_html(self, path: str | None = None) -> str:
         """Write one self-contained HTML page (per-op table, collectives, tile grids, explain

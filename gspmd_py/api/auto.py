@@ -39,21 +39,78 @@ microbatches)`` that applies with the other axes searched; the cheapest plan tha
 from __future__ import annotations
 
 import copy
+import logging
+import os
+import time
 from typing import Any, Callable, Optional
 
 import attrs
 import jax
 
 from ..core.errors import NotPicklableError
+from ..core.ir import user_name
 from ..core.mesh import Mesh
 from ..core.sharding import P
 from ..plan import Plan
 from ..search.optimizer import SearchResult
+from ..search.tactics import Decided
+
+# progress through the standard logging module: INFO lines under "gspmd_py" (shown once the
+# application configures logging, e.g. logging.basicConfig(level=logging.INFO); silenced by
+# logging.getLogger("gspmd_py").setLevel(logging.WARNING)); they work in notebooks and logs alike
+log = logging.getLogger("gspmd_py.auto")
+
+
+@attrs.frozen(repr=False)
+class SearchedRules(Decided):
+    """The search's decisions as one tactic (``res.rules()``): replayed by value id as a
+    ``Decided`` tactic is, and printed by the names a user knows, one ``name: P(...)`` line per
+    decision (``names``): an argument's pytree path, a ``gp.tag`` name, or the op that makes
+    the value and its source line. ``decisions`` and ``text`` are Decided's."""
+
+    names: tuple = attrs.field(default=(), eq=False)
+
+    def __repr__(self) -> str:
+        lines = [f"\n  {name}: {_spec_of(dims)!r}" for name, (_, _, dims) in zip(self.names, self.decisions)]
+        if not lines:
+            return f"<{self.text}: no decisions (every value left to propagation)>"
+        return f"<{self.text}: {len(lines)} decisions, replayed by value id:" + "".join(lines) + ">"
+
+
+def _spec_of(dims) -> P:
+    """A decision's dims (axis-name tuples per dim) as the P that says them."""
+    return P(*[None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims])
+
+
+def _value_names(plan, decisions) -> tuple:
+    """Per decision, the name a user knows its value by (see SearchedRules)."""
+    inputs = {v.id: n for v, n in zip(plan.graph.inputs, plan.in_names)}
+    out = []
+    for vid, _, _ in decisions:
+        v = plan.prop.values[vid]
+        if vid in inputs:
+            out.append(inputs[vid])
+        elif v.name:
+            out.append(v.name)
+        else:
+            op = v.producer
+            at = f" at {os.path.basename(op.source.split(' ', 1)[0])}" if op is not None and op.source else ""
+            out.append(f"%{vid} {v.type_str}" + (f" = {user_name(op)}{at}" if op is not None else ""))
+    return tuple(out)
 
 
 @attrs.frozen
 class AutoResult:
-    """What ``gp.auto_shard`` found (see the module docstring)."""
+    """What ``gp.auto_shard`` found (see the module docstring).
+
+    ``in_shardings`` / ``out_shardings``: the chosen boundary (pytrees of gp.Sharding);
+    ``plan``: the chosen gp.Plan; ``cost``: its gp.Cost on the search's hardware;
+    ``explored``: how many candidates were priced; ``spmd``: a gp.spmd function that runs the
+    plan; ``search``: the search's own record; ``decided``: the tactic that replays its
+    decisions (``rules()``); ``hardware_text``: which hardware priced the plans and why;
+    ``fallback``: "" or which candidate replaced a best plan that failed to build;
+    ``pipeline``, ``pipelines``, ``pipeline_text``: the pipeline schedule chosen for open
+    ``gp.pipeline`` calls, the schedules priced, and why."""
 
     in_shardings: Any
     out_shardings: Any
@@ -96,7 +153,9 @@ class AutoResult:
         were made; with ``in_shardings=res.in_shardings, out_shardings=res.out_shardings``
         too, gp.spmd builds the same program. A pipelined plan's list starts with its
         ``gp.tactics.pipeline`` schedule (it changes the traced program)."""
-        return ([self.pipeline] if self.pipeline is not None else []) + [self.decided]
+        names = _value_names(self.plan, self.decided.decisions)
+        return ([self.pipeline] if self.pipeline is not None else []) + [
+            SearchedRules(self.decided.decisions, self.decided.text, names)]
 
     def jax_shardings(self):
         """The plan for ``jax.jit``'s own partitioner: NamedSharding trees for the inputs and
@@ -177,12 +236,18 @@ def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, pref
     """One search: ``gp.spmd`` with ``prefix`` tactics (a pipeline schedule, or none) then an auto
     tactic, planned; the AutoResult replays it."""
     from .api import Spmd
-    from ..search.tactics import Decided, auto
+    from ..search.tactics import auto
 
     sink: list = []
     tac = attrs.evolve(auto(hardware=hw, **search_kw), sink=sink)
     f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, tac], **kw)
     fallback = ""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    budget = search_kw.get("max_evaluations")
+    log.info("auto_shard(%s) on %s: searching%s, %s; %s", name, mesh,
+             f" with {', '.join(map(str, prefix))}" if prefix else "",
+             f"up to {budget} candidates" if budget is not None else "the default budget", hw_text)
+    t0 = time.perf_counter()
     try:
         plan = f.plan(*args)
         result: SearchResult = plan.tactics[-1].result
@@ -191,12 +256,16 @@ def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, pref
             raise  # the search itself failed (said by its own error)
         result, f, plan, fallback = _fallback(sink[-1], e, fn, mesh, in_shardings, out_shardings, args, str(tac), kw,
                                               prefix)
+    cost = plan.cost(hw)
+    log.info("auto_shard(%s): %d candidates priced in %.1f s; chosen: predicted step %.4g ms, peak %.4g MiB "
+             "per device%s", name, result.explored, time.perf_counter() - t0, cost.step_s * 1e3,
+             cost.peak_memory_bytes / 2 ** 20, f" ({fallback})" if fallback else "")
     decided = Decided(_as_data(result.decisions, plan), str(tac))
     replay = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, decided], **kw)
     replay.reuse_plans(f)  # the plan is built: the replay runs it (other signatures replay the decisions)
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
-    return AutoResult(ins, outs, plan, plan.cost(hw), result.explored, result, replay, decided, hw_text, fallback,
+    return AutoResult(ins, outs, plan, cost, result.explored, result, replay, decided, hw_text, fallback,
                       prefix[0] if prefix else None)
 
 

@@ -34,7 +34,7 @@ from ..core.mesh import Mesh
 
 @attrs.frozen
 class Placement:
-    """One device order: ``order`` (mesh axes, major to minor in device ids), ``device_ids``
+    """One device order of a mesh of ``shape`` and axis ``names``: ``order`` (mesh axes, major to minor in device ids), ``device_ids``
     (flat, the mesh's row-major order: pass to ``gp.Mesh(shape, names, devices=...)``), the
     predicted ``step_s`` / ``comm_s`` and the whole ``cost`` (gp.Cost)."""
 

@@ -38,7 +38,7 @@ class ArgumentTypeError(ArgumentError, TypeError):
 
 
 class DeletedArrayError(ArgumentError, RuntimeError):
-    """An argument whose buffers are gone (donated to an earlier call, or ``.delete()``d). A
+    """An argument whose buffers are gone (donated to an earlier call, or deleted by ``.delete()``). A
     RuntimeError too, as jax.jit's "Array has been deleted"."""
 
 

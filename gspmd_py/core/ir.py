@@ -135,6 +135,27 @@ class Graph:
         return "\n".join(lines)
 
 
+def is_output_port(op: "Op") -> bool:
+    """Whether ``op`` is an output's port: the unspecified annotate the trace puts at each
+    output of the program (no source line, no API of the user's behind it)."""
+    return (op.prim == "gspmd_annotate" and bool(op.params.get("unspecified")) and not op.source
+            and "origin" not in op.params)
+
+
+def user_name(op: "Op") -> str:
+    """The name a user knows ``op`` by: its primitive's, except gspmd_py's own ops, named by
+    the API that made them (``gp.annotate``, ``with_sharding_constraint``, ``gp.mesh_split``,
+    ``gp.tag``) or, for an output's port, ``output boundary``."""
+    if op.prim == "gspmd_tag":
+        return "gp.tag"
+    if op.prim != "gspmd_annotate":
+        return op.prim
+    if is_output_port(op):
+        return "output boundary"
+    origin = op.params.get("origin", "gp.annotate")
+    return origin.rsplit(".", 1)[-1] if origin.startswith("jax.") else origin
+
+
 ROOTS = frozenset({"gspmd_tag", "gspmd_annotate"})  # kept even when unused: the user names or constrains them
 
 

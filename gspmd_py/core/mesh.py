@@ -31,6 +31,9 @@ from .launch_env import launcher_hint
 class AxisRef:
     """A mesh axis or a sub-axis of one: ``name:(pre)size``.
 
+    ``name`` is the mesh axis; ``pre`` the product of the sizes of the sub-axes major to this
+    one; ``size`` its size; ``whole`` is True when it is the entire axis (it prints as the name).
+
     ``Mesh.sub`` (and so ``Mesh.ref``) returns one shared object per sub-axis of a mesh, so
     comparing the AxisRefs of one mesh is mostly an identity check (the hash is cached).
     """
@@ -45,9 +48,11 @@ class AxisRef:
 
     @property
     def stop(self) -> int:
+        """The first position past this sub-axis in its axis's mixed radix (``pre * size``)."""
         return self.pre * self.size
 
     def overlaps(self, other: "AxisRef") -> bool:
+        """Whether the two (sub-)axes share part of one mesh axis."""
         return self.name == other.name and max(self.pre, other.pre) < min(self.stop, other.stop)
 
 
@@ -61,7 +66,8 @@ class Mesh:
     major (process index, then device id): on a multi-process run (``jax.distributed``
     initialised) the leading axes span processes and the trailing axes stay inside one;
     ``devices=`` gives explicit device ids (any permutation, flat or mesh-shaped);
-    ``Mesh.abstract(shape, names)`` needs no devices (planning at scale).
+    ``Mesh.abstract(shape, names)`` needs no devices (planning at scale). ``shape`` and
+    ``axis_names`` are tuples; ``axis_types`` holds a jax AxisType per axis (or None).
     ``Mesh.from_jax(jax_mesh)`` takes a ``jax.sharding.Mesh`` as it is (``jax.make_mesh``'s):
     its device order and its axis types; over ``Explicit`` axes (``axis_types``) the arrays a
     gp.spmd function returns are typed Explicit, as jax.jit returns them. Planning reads only
@@ -143,10 +149,12 @@ class Mesh:
     # -- basic facts -------------------------------------------------------
     @property
     def size(self) -> int:
+        """The number of devices of the mesh (the product of its shape)."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def is_abstract(self) -> bool:
+        """Whether the mesh has no devices (``Mesh.abstract``): it plans and lowers, it does not run."""
         return self._ids is None
 
     @property
@@ -157,9 +165,11 @@ class Mesh:
         return self._ids.copy()
 
     def axis_size(self, name: str) -> int:
+        """The size of mesh axis ``name`` (a gp.MeshError names the axes when there is none)."""
         return self.shape[self.axis_index(name)]
 
     def axis_index(self, name: str) -> int:
+        """The position of mesh axis ``name`` in ``axis_names``."""
         try:
             return self.axis_names.index(name)
         except ValueError:
@@ -211,6 +221,7 @@ class Mesh:
         return (full // minor) % ref.size
 
     def jax_devices(self) -> np.ndarray:
+        """The mesh's jax devices as an array of the mesh's shape (a gp.MeshError on an abstract mesh)."""
         import jax
 
         if self._ids is None:

@@ -84,8 +84,12 @@ _OF_MEMO_SIZE = 4096
 class Sharding:
     """How a tensor is laid out on a mesh (see the module docstring).
 
-    ``partial`` lists mesh axes over which the local values are partial sums (used
-    inside the partitioner; user shardings never have it).
+    ``mesh`` is the gp.Mesh; ``dims`` holds per tensor dim the tuple of mesh (sub-)axes
+    that split it, major first; ``partial`` lists mesh axes over which the local values are
+    partial sums (used inside the partitioner; user shardings never have it).
+
+    It prints as JAX writes a sharding (``repr``: ``Sharding(P('x', None))``, and ``.spec``
+    is the ``P``); ``str(s)`` is GSPMD's tile form and ``s.shardy()`` Shardy's axis lists.
     """
 
     __slots__ = ("mesh", "dims", "partial", "_hash")
@@ -125,6 +129,7 @@ class Sharding:
 
     @classmethod
     def replicated(cls, mesh: Mesh, rank: int) -> "Sharding":
+        """The sharding of a ``rank``-d tensor replicated on every device of ``mesh``."""
         return cls(mesh, P(*([None] * rank)))
 
     def _check(self, what: str) -> None:
@@ -144,10 +149,12 @@ class Sharding:
     # -- views ---------------------------------------------------------------
     @property
     def rank(self) -> int:
+        """The number of tensor dims."""
         return len(self.dims)
 
     @property
     def spec(self) -> P:
+        """The ``gp.P`` of this sharding (a mesh axis name, a tuple of names or None per dim), as JAX writes it."""
         out = []
         for axes in self.dims:
             names = tuple(str(a) for a in axes)
@@ -161,18 +168,22 @@ class Sharding:
 
     @property
     def used_axes(self) -> tuple[AxisRef, ...]:
+        """The mesh (sub-)axes that shard some dim, major first."""
         return tuple(a for axes in self.dims for a in axes)
 
     @property
     def num_tiles(self) -> int:
+        """The number of distinct shards (the product of ``shards``)."""
         return int(np.prod(self.shards, dtype=np.int64))
 
     @property
     def is_replicated(self) -> bool:
+        """Whether every device holds the whole tensor."""
         return self.num_tiles == 1 and not self.partial
 
     @property
     def is_partially_tiled(self) -> bool:
+        """Whether the tensor is split over some mesh axes and replicated over the others (GSPMD's last_tile_dim_replicate)."""
         return 1 < self.num_tiles < self.mesh.size
 
     def with_rank(self, rank: int, what: str = "tensor") -> "Sharding":
@@ -227,7 +238,7 @@ class Sharding:
 
     def __repr__(self) -> str:
         extra = f", partial={tuple(str(a) for a in self.partial)}" if self.partial else ""
-        return f"Sharding({self.shardy()}{extra})"
+        return f"Sharding({self.spec!r}{extra})"
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sharding):

@@ -45,6 +45,7 @@ measurements (benchmarks/cost_validation.py does).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,10 @@ from ..ops.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PER
 from .collectives import collective_time
 from .topology import Level, Link, PerAxis
 
+# progress, through the standard logging module: INFO lines under "gspmd_py" (shown once the
+# application configures logging, e.g. logging.basicConfig(level=logging.INFO); silenced by
+# logging.getLogger("gspmd_py").setLevel(logging.WARNING))
+log = logging.getLogger("gspmd_py.calibrate")
 KINDS = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE)
 # (batch, m, k, n) per device: the shapes partitioned programs run: square, wide, skinny (a
 # data-parallel shard of a batch), batched small (attention heads)
@@ -344,11 +349,18 @@ def measure(mesh: Mesh, *, sizes: Sequence[int] = SIZES, reps: int = 5, name: st
     and the cost model extrapolates from the largest one that was. So the large probes add at
     most about ``(reps + 1) * large_budget_s`` (plus one size's round, and compiling it) to a
     calibration."""
+    t0 = time.perf_counter()
+    log.info("calibrating %s: compiling the probes (matmuls, convs, memory, collectives on every axis)", mesh)
     cal = Calibrator(mesh, sizes)
-    cal.warm_up(large_budget_s)  # warm-up round, not counted
-    for _ in range(reps):
+    kept = cal.warm_up(large_budget_s)  # warm-up round, not counted
+    log.info("calibrating %s: warmed up in %.1f s (collectives up to %d KiB per device); %d rounds to measure",
+             mesh, time.perf_counter() - t0, max(kept, default=0) // 1024, reps)
+    for i in range(reps):
         cal.sample()
-    return cal.fit(name)
+        log.info("calibrating %s: round %d of %d measured (%.1f s)", mesh, i + 1, reps, time.perf_counter() - t0)
+    measured = cal.fit(name)
+    log.info("calibrated %s in %.1f s", mesh, time.perf_counter() - t0)
+    return measured
 
 
 def _compile(probes: Sequence[Probe]) -> None:

@@ -71,6 +71,15 @@ GiB = 2 ** 30
 class Hardware:
     """A device and its links (see the module docstring for how mesh axes map to links).
 
+    Build one with ``Hardware.preset(name)`` or ``Hardware.calibrate(mesh)``. Fields:
+    ``name``; ``matmul_flops`` ((dtype name, FLOP/s) pairs for dot_general / conv);
+    ``vector_flops`` (FLOP/s of everything else); ``transcendental_flops`` (FLOPs charged per
+    exp/log/tanh element); ``mem_bandwidth`` (bytes/s); ``mem_capacity`` (bytes per device);
+    ``topology`` (the link levels); ``conv_efficiency``; ``op_overhead`` and ``step_overhead``
+    (seconds per kernel, per program run); ``algorithm`` ("hierarchical" or "ring": a
+    collective spanning link levels); ``matmul_classes``, ``conv_classes``, ``reduce_bandwidth``
+    (per-shape-class rates a calibration measured).
+
     >>> hw = Hardware.preset("tpu-v3")
     >>> hw.peak("bfloat16") / 1e12, hw.mem_capacity / 2**30
     (61.5, 16.0)

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import platform
@@ -36,6 +37,7 @@ KINDS = (("h100", "h100-node"), ("a100", "a100-node"), ("tpu v3", "tpu-v3"), ("t
 BASE_SIZES = (2 ** 14, 2 ** 17, 2 ** 21)
 MAX_COLLECTIVE_BYTES = 2 ** 25  # 32 MiB per device: larger transfers extrapolate from here
 CALIBRATION = {"reps": 5, "base_sizes": BASE_SIZES, "max_bytes": MAX_COLLECTIVE_BYTES}
+log = logging.getLogger("gspmd_py.calibrate")
 FORMAT = 3  # bump when the cached Hardware's layout or what calibration measures changes (2: per-class rates,
 # 3: weight-gradient conv classes)
 
@@ -80,6 +82,10 @@ def calibrated(mesh: Mesh, largest_bytes: Optional[int] = None) -> tuple[Hardwar
             return hw, f"calibrated on this machine (cached: {path})"
     except Exception:  # noqa: BLE001 - a missing, stale or broken cache entry is measured again
         pass
+    # a one-time pause of seconds to a minute: said even where logging is not configured (a
+    # warning reaches stderr by default; INFO progress lines follow once logging shows them)
+    log.warning("measuring this machine over %s for the cost model, once (10-60 s; cached under %s; "
+                "hardware=gp.Hardware.preset(...) skips it)", mesh, cache_dir())
     hw = Hardware.calibrate(mesh, sizes=sizes, reps=reps, name="calibrated")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

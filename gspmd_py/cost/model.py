@@ -75,7 +75,8 @@ class CostInput:
 
 @attrs.frozen
 class CollectiveCost:
-    """One collective of the program: its record, how often it runs, and its predicted time."""
+    """One collective of the program: its record (``collective``, a gp.Collective), how often it
+    runs per step (``count``), and the predicted ``seconds`` of one execution."""
 
     collective: Collective
     count: int  # executions per step (trip counts of enclosing loops)
@@ -89,7 +90,9 @@ class CollectiveCost:
 
 @attrs.frozen
 class OpCost:
-    """The per-step totals of one IR op (or the boundary, or one combined collective)."""
+    """The per-step totals of one IR op (or the boundary, or one combined collective): ``key``
+    ("op12", "combined:3,7", "boundary"), ``label`` (as reports name the op), ``flops``,
+    ``transcendentals``, ``bytes_accessed``, ``compute_s`` and its ``collectives``."""
 
     key: str  # "op12", "combined:3,7", "boundary"
     label: str
@@ -101,10 +104,12 @@ class OpCost:
 
     @property
     def comm_s(self) -> float:
+        """Predicted seconds of the op's collectives per step."""
         return sum(c.seconds * c.count for c in self.collectives)
 
     @property
     def total_s(self) -> float:
+        """``compute_s + comm_s``."""
         return self.compute_s + self.comm_s
 
 
@@ -116,7 +121,10 @@ class Cost:
     ``comm_bytes`` (sum of the collectives' ``bytes_per_device``, times their trip counts),
     ``sent_bytes`` (what each device puts on links under the ring algorithms),
     ``compute_s``, ``comm_s``, ``step_serial_s``, ``step_overlap_s``, ``step_s``,
-    ``peak_memory_bytes`` (with ``argument_bytes``, ``output_bytes``), ``fits``.
+    ``peak_memory_bytes`` (with ``argument_bytes``, ``output_bytes``), ``fits``;
+    ``hardware`` and ``mesh`` name what it was costed on, ``devices`` its device count,
+    ``memory_capacity`` the bytes per device, ``ops`` the per-op costs (``table()`` prints the
+    largest), ``notes`` what the model assumed.
     """
 
     hardware: str
@@ -141,10 +149,12 @@ class Cost:
 
     @property
     def fits(self) -> bool:
+        """Whether the predicted peak memory fits in the hardware's memory per device."""
         return self.peak_memory_bytes <= self.memory_capacity
 
     @property
     def comm_bytes_by_kind(self) -> dict[str, float]:
+        """Communicated bytes per device by collective kind (``all-gather``, ...), trip counts included."""
         out: dict[str, float] = {}
         for op in self.ops:
             for c in op.collectives:
@@ -153,6 +163,7 @@ class Cost:
 
     @property
     def collectives(self) -> tuple[CollectiveCost, ...]:
+        """Every costed collective (the gp.Collective, its count and predicted time), in program order."""
         return tuple(c for op in self.ops for c in op.collectives)
 
     def table(self, top: int = 12) -> str:

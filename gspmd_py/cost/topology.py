@@ -17,7 +17,8 @@ from ..core.errors import ShardingError
 
 @attrs.frozen
 class Link:
-    """One kind of link: ``alpha`` seconds per message step, ``beta`` bytes/s moved by each device.
+    """One kind of link: ``alpha`` seconds per message step, ``beta`` bytes/s moved by each device;
+    ``name`` labels it in reports.
 
     ``all_to_all``: "switch" (full bisection: each device sends its (p-1)/p share at beta)
     or "ring" (a torus dimension: traffic crosses p/4 hops on average, so an all-to-all

@@ -71,7 +71,7 @@ ad.deflinear2(pipeline_p, lambda ct, x, **kw: [pipeline_p.bind(ad.instantiate_ze
 
 @attrs.frozen
 class Schedule:
-    """The shape of a pipeline: stages S, microbatches M, circular repeats R."""
+    """The shape of a pipeline: ``stages`` S, ``microbatches`` M, circular ``repeats`` R."""
 
     stages: int
     microbatches: int
@@ -79,10 +79,12 @@ class Schedule:
 
     @property
     def iterations(self) -> int:
+        """Loop iterations of the schedule: ``microbatches * repeats + stages - 1``."""
         return self.microbatches * self.repeats + self.stages - 1
 
     @property
     def bubble(self) -> float:
+        """The fraction of iterations a stage idles: ``(stages - 1) / iterations``."""
         return (self.stages - 1) / self.iterations
 
     def __str__(self) -> str:

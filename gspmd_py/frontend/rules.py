@@ -52,7 +52,10 @@ def slash_path(path: Sequence) -> str:
 
 
 class Rules:
-    """Specs by key path (see the module docstring); build with ``gp.rules``."""
+    """Specs by key path (see the module docstring); build with ``gp.rules``.
+
+    ``rules`` is the tuple of (pattern, spec) pairs, first match wins; ``unmatched`` says what a
+    rule that matches no leaf does ("error", "warn" or "ignore")."""
 
     __slots__ = ("rules", "unmatched", "_hash")
 
@@ -97,6 +100,7 @@ class Rules:
         return m[0] if m else None
 
     def describe(self, i: int) -> str:
+        """Rule ``i`` as error messages name it: ``rule 0 (*/kernel -> P(None, 'y'))``."""
         pat, spec = self.rules[i]
         return f"rule {i} ({_pat_text(pat)} -> {spec!r})"
 

@@ -32,7 +32,7 @@ from jax import lax
 
 from ..core import dtypes
 from ..core.errors import PartitionWarning
-from ..core.ir import Graph, Op
+from ..core.ir import Graph, Op, user_name
 from ..ops import facts as F
 from ..ops import facts_of
 from ..ops.rule import NEED_REPLICATION, OpRule
@@ -74,7 +74,9 @@ def fine_plan(fine: FineMesh, proj: Projection) -> OpPlan:
 
 
 def op_label(op: Op) -> str:
-    return f"{op.prim} #{op.id}" + (f" ({op.source})" if op.source else "")
+    """How reports and collectives name ``op``: its user name (ir.user_name: ``gp.annotate``,
+    ``with_sharding_constraint``, ``output boundary`` for an output's port), its id and its source line."""
+    return f"{user_name(op)} #{op.id}" + (f" ({op.source})" if op.source else "")
 
 
 def op_scope(op: Op) -> str:

@@ -10,6 +10,9 @@ import attrs
 class Collective:
     """One collective of the SPMD program, in program order.
 
+    ``kind``: "all-gather", "all-reduce", "reduce-scatter", "all-to-all" or
+    "collective-permute". ``axes``: the mesh axes it runs over. ``in_loop``: True when it runs
+    once per iteration of a loop (scan / while) rather than once per call.
     ``bytes_per_device``: size of the buffer each device sends into the collective
     (all-gather: its shard; reduce-scatter, all-reduce, all-to-all, permute: its buffer).
     ``op``: the label of the op that caused it ("dot_general #12 (model.py:40)", or

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import attrs
 
-from ..core.ir import Graph, Op, Value
+from ..core.ir import Graph, Op, Value, user_name
 from ..core.mesh import AxisRef, Mesh
 from ..ops import rule_for
 from ..ops.control import region_values
@@ -507,7 +507,7 @@ class Propagation:
     def explain(self, v: Value, name: str) -> str:
         from ..core.sharding import Sharding
 
-        lines = [f"{name}: {v.type_str} sharded {Sharding.of(self.mesh, self.dims_of(v)).shardy()}"]
+        lines = [f"{name}: {v.type_str} sharded {Sharding.of(self.mesh, self.dims_of(v)).spec!r}"]
         st = self.state.get(v.id) or ([OPEN] * len(v.shape) if v.id in self.values else None)
         if st is None:
             return lines[0]
@@ -516,15 +516,16 @@ class Propagation:
                 why = "closed by an annotation" if s.closed else "no sharding reached it"
                 lines.append(f"  dim {d}: replicated ({why})")
                 continue
-            lines.append(f"  dim {d}: {{{','.join(str(a) for a in s.axes)}}}")
+            names = tuple(str(a) for a in s.axes)
+            lines.append(f"  dim {d}: {(names[0] if len(names) == 1 else names)!r}")  # as a P entry
             cur, dim_state, seen = v, s, set()
             while dim_state.why is not None and cur.id not in seen:
                 seen.add(cur.id)
                 op_id, src_id = dim_state.why
                 op = self.op_by_id[op_id]
                 src = self.values[src_id]
-                lines.append(f"    <- {op.prim} (op {op_id}{', ' + op.source if op.source else ''}) from %{src.id} "
-                             f"{src.type_str} {Sharding.of(self.mesh, self.dims_of(src)).shardy()}")
+                lines.append(f"    <- {user_name(op)} (op {op_id}{', ' + op.source if op.source else ''}) from "
+                             f"%{src.id} {src.type_str} {Sharding.of(self.mesh, self.dims_of(src)).spec!r}")
                 cur = src
                 # follow the first dim of the source that has a provenance
                 nxt = [x for x in self.state.get(src.id, ()) if x.axes]

@@ -105,11 +105,14 @@ class _OneAxis:
 
     @property
     def axes(self) -> tuple[str, ...]:
+        """The mesh axes this tactic decides."""
         return (self.axis,)
 
 
 @attrs.frozen
 class Batch(_OneAxis):
+    """``gp.tactics.batch(axis, argnums)``: the leading dim of the data arguments over ``axis``."""
+
     axis: str
     argnums: Optional[tuple[int, ...]] = None
 
@@ -117,6 +120,7 @@ class Batch(_OneAxis):
         return f"batch({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums is not None else "") + ")"
 
     def apply(self, ctx: TacticContext) -> None:
+        """Add this tactic's decisions to ``ctx`` (plan time; search/context.py)."""
         a = _axis(ctx, self.axis, str(self))
         before = _snapshot(ctx)
         nums = self.argnums if self.argnums is None else _resolve_argnums(ctx, self.argnums, str(self))
@@ -148,6 +152,8 @@ def _batch_found_nothing(tactic: Batch, ctx: TacticContext, nums) -> None:
 
 @attrs.frozen
 class Rules:
+    """``gp.tactics.rules(rules)``: specs by key path (``rules``, a gp.Rules) inside every argument."""
+
     rules: object  # a gp.Rules
 
     def __str__(self) -> str:
@@ -155,6 +161,7 @@ class Rules:
 
     @property
     def axes(self) -> tuple[str, ...]:
+        """The mesh axes the rules' specs name."""
         out = []
         for _, spec in getattr(self.rules, "rules", ()):
             for e in (spec or ()):
@@ -164,6 +171,7 @@ class Rules:
         return tuple(out)
 
     def apply(self, ctx: TacticContext) -> None:
+        """Add this tactic's decisions to ``ctx`` (plan time; search/context.py)."""
         import jax
 
         from ..frontend.specs import spec_dims
@@ -189,6 +197,8 @@ class Rules:
 
 @attrs.frozen
 class Zero(_OneAxis):
+    """``gp.tactics.zero(axis, argnums)``: weight-update sharding of the parameters over ``axis``."""
+
     axis: str
     argnums: tuple[int, ...] = (0,)
 
@@ -196,6 +206,7 @@ class Zero(_OneAxis):
         return f"zero({self.axis!r}" + (f", argnums={self.argnums}" if self.argnums != (0,) else "") + ")"
 
     def apply(self, ctx: TacticContext) -> None:
+        """Add this tactic's decisions to ``ctx`` (plan time; search/context.py)."""
         from .points import elementwise_family, users_of
 
         a = _axis(ctx, self.axis, str(self))
@@ -222,6 +233,10 @@ def _zero_dim(ctx: TacticContext, v, a: AxisRef) -> Optional[int]:
 
 @attrs.frozen
 class Auto:
+    """``gp.tactics.auto(*axes, ...)``: the search over ``axes_`` (the mesh axes it may use) on
+    ``hardware`` under ``memory_limit``, ``time_budget_s``, ``seed`` and ``max_evaluations``;
+    ``sink``: gp.auto_shard's list that receives the search's result."""
+
     axes_: tuple[str, ...] = ()
     hardware: object = None
     memory_limit: Optional[float] = None
@@ -237,9 +252,11 @@ class Auto:
 
     @property
     def axes(self) -> tuple[str, ...]:
+        """The mesh axes the search may decide (none: every axis no earlier tactic named)."""
         return self.axes_
 
     def apply(self, ctx: TacticContext) -> None:
+        """Run the search over the open dims of ``ctx`` and add its decisions (plan time)."""
         from .optimizer import search
 
         names = list(self.axes_) or ctx.free_axes()
@@ -282,6 +299,8 @@ def auto_hardware(tactic: "Auto", ctx: TacticContext):
 
 @attrs.frozen
 class Pipeline(_OneAxis):
+    """``gp.tactics.pipeline(axis, microbatches)``: the schedule of the open gp.pipeline calls."""
+
     axis: str
     microbatches: int
 
@@ -289,6 +308,7 @@ class Pipeline(_OneAxis):
         return f"pipeline({self.axis!r}, microbatches={self.microbatches})"
 
     def apply(self, ctx: TacticContext) -> None:
+        """Check that an open gp.pipeline took this schedule; record it (plan time)."""
         from ..frontend.pipeline import schedules
 
         _axis(ctx, self.axis, str(self))
@@ -317,7 +337,8 @@ def pipeline_decision(tactics: Sequence, mesh):
 @attrs.frozen
 class Decided:
     """Decisions replayed by value id (``AutoResult.spmd``): the same program traced again has
-    the same value ids; a decision whose value is missing or has another shape is skipped."""
+    the same value ids; a decision whose value is missing or has another shape is skipped.
+    ``decisions``: ((value id, shape, dims as axis-name tuples), ...); ``text``: how it prints."""
 
     decisions: tuple  # ((value id, shape (None: not checked), dims as axis-name tuples), ...)
     text: str = "auto"
@@ -327,9 +348,11 @@ class Decided:
 
     @property
     def axes(self) -> tuple[str, ...]:
+        """The mesh axes the decisions use."""
         return tuple(sorted({a for _, _, dims in self.decisions for d in dims for a in d}))
 
     def apply(self, ctx: TacticContext) -> None:
+        """Add the recorded decisions to ``ctx`` (plan time; search/context.py)."""
         before = _snapshot(ctx)
         vals = {v.id: v for v in ctx.graph.all_values()}
         for vid, shape, dims in self.decisions:
@@ -412,6 +435,8 @@ def pipeline(axis: str, microbatches: int) -> Pipeline:
 
 
 def check_tactics(tactics) -> tuple:
+    """The ``tactics=`` argument of gp.spmd as a tuple of tactics (None: none; one tactic: a
+    list of one), or a TacticError naming the entry that is not a tactic."""
     if tactics is None:
         return ()
     if isinstance(tactics, TACTICS):

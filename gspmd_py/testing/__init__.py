@@ -1,5 +1,5 @@
 """gp.testing: property-based checks of your own sharded programs (needs ``hypothesis``:
-``pip install gspmd_py[testing]``).
+``pip install gspmd_py[testing]``)::
 
     import gspmd_py.testing as gpt            # also gp.testing (imported on first use)
     gpt.assert_spmd_equivalent(fn, x, w)      # gp.spmd(fn) == fn over drawn meshes, shardings, shapes, values

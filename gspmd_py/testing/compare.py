@@ -100,6 +100,7 @@ class Analysis:
 
 
 def analyze(closed_jaxpr) -> Analysis:
+    """How exactly the partitioned program must match the unpartitioned one (EXACT, EXACT_UP_TO_ZERO_SIGN or INEXACT) and the largest reduction size, read from the jaxpr's ops."""
     e = EXACT
     k = 1
     for eqn in walk_eqns(closed_jaxpr):

@@ -197,7 +197,7 @@ def fn_name(fn) -> str:
 
 @attrs.frozen(repr=False)
 class Case:
-    """One example: a function, a mesh, its arguments and their in_shardings."""
+    """One example: a function ``fn``, a ``mesh``, its ``args`` and their ``in_shardings``."""
 
     fn: Callable
     mesh: Mesh

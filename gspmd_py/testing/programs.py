@@ -98,7 +98,7 @@ VALUE_MODES = ("plain", "special", "near_max")
 class Program:
     """A random program: ``inputs`` ((shape, spec, value mode), ...), ``ops`` (("kind", args...), ...;
     each makes one new value), ``outputs`` (value indices) on the mesh ``mesh`` (shape, names,
-    device ids). Callable (the program on its arguments); ``args()`` its arguments; ``gpt_case()``
+    device ids), with ``out_specs`` and one ``dtype``. Callable (the program on its arguments); ``args()`` its arguments; ``gpt_case()``
     what gpt.assert_spmd_equivalent runs; its repr rebuilds it (``gpt.Program(...)``)."""
 
     mesh: tuple  # (shape, axis names, device ids)
@@ -118,26 +118,32 @@ class Program:
         return tuple(env[i] for i in self.outputs)
 
     def all_values(self, *args):
+        """Every value of the program on ``args`` (the inputs, then one per op), unpartitioned."""
         env = list(args)
         for op in self.ops:
             env.append(_apply(op, env, self.dtype))
         return env
 
     def gp_mesh(self) -> Mesh:
+        """The program's mesh as a gp.Mesh (its shape, names and device ids)."""
         shape, names, ids = self.mesh
         return Mesh(shape, names, devices=list(ids))
 
     def args(self):
+        """The program's example arguments (numpy arrays of the inputs' shapes, dtype and value modes)."""
         return tuple(fill(inp[0], np_dtype(self.dtype), i, inp[2] if len(inp) > 2 else "plain")
                      for i, inp in enumerate(self.inputs))
 
     def in_specs(self) -> tuple:
+        """One input spec per argument, as ``in_shardings``."""
         return tuple(inp[1] for inp in self.inputs)
 
     def gpt_case(self):
+        """(mesh, args, in_specs): what gpt.assert_spmd_equivalent checks for this program."""
         return self.gp_mesh(), self.args(), self.in_specs()
 
     def gpt_source(self) -> str:
+        """Python source that rebuilds the program (reproducer scripts import it)."""
         return f"from gspmd_py.testing import Program\nfrom gspmd_py import P\nfn = {self!r}\n"
 
 

@@ -161,9 +161,11 @@ class Annotation:
     priority: int = 0
 
     def apply(self, x):
+        """``gp.annotate(x, spec, priority=priority)``."""
         return annotate(x, self.spec, priority=self.priority)
 
     def source(self, var: str) -> str:
+        """The annotation as source text applied to variable ``var`` (for reproducer scripts)."""
         extra = f", priority={self.priority}" if self.priority else ""
         return f"gp.annotate({var}, {self.spec!r}{extra})"
 

@@ -116,8 +116,8 @@ def shown_values(plan) -> list[tuple[str, str, Value, str]]:
             add(v.name or f"%{v.id}", origin, v, op.source)
         elif op.prim == "gspmd_tag":
             add(op.outputs[0].name or f"%{op.outputs[0].id}", "gp.tag", op.outputs[0], op.source)
-    for i, v in enumerate(plan.graph.outputs):
-        add(f"out{i}", "output", v)
+    for name, v in zip(plan.out_names, plan.graph.outputs):
+        add(name, "output", v)
     return out
 
 
@@ -176,7 +176,7 @@ def _card(plan, label, kind, v, source) -> str:
     src = f' <span class="src">at {_e(source)}</span>' if source else ""
     return (f'<div class="card value"><div class="kind">{_e(kind)}{src}</div><h3 class="mono">{_e(label)}</h3>'
             f'<div><span class="badge mono">{_e(v.type_str)}</span><span class="badge mono">'
-            f'{_e(s.shardy())}</span><span class="badge mono">local {_e(rep.local_text(plan, v))}</span></div>'
+            f'{_e(repr(s.spec))}</span><span class="badge mono">local {_e(rep.local_text(plan, v))}</span></div>'
             f'<div class="mono meta">{_e(str(s))}</div>'
             f'{svg_grid(tile_grid(s, v.shape))}<pre class="explain">{_e(explain)}</pre></div>')
 
@@ -206,7 +206,7 @@ def _values(plan) -> str:
     for label, kind, v, _ in edge:
         s = plan.sharding(v)
         out.append(f'<tr><td class="m">{_e(label)}</td><td class="m">{_e(v.type_str)}</td><td class="m">'
-                   f'{_e(s.shardy())}</td><td class="m">{_e(rep.local_text(plan, v))}</td><td class="m">{_e(str(s))}</td>'
+                   f'{_e(repr(s.spec))}</td><td class="m">{_e(rep.local_text(plan, v))}</td><td class="m">{_e(str(s))}</td>'
                    f'<td><details><summary>explain</summary><pre class="explain">{_e(plan.prop.explain(v, label))}'
                    f'</pre></details></td></tr>')
     out.append("</tbody></table>")

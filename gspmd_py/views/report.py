@@ -4,17 +4,29 @@
 
     gspmd_py plan for mlp on Mesh(x=2, y=4)
       op                  global     sharding      local    collectives
-      input arg0          f32[8,16]  [{x}, {}]     [4,16]
-      dot_general #3      f32[8,32]  [{x}, {y}]    [4,8]
+      input arg0          f32[8,16]  P('x', None)  [4,16]
+      dot_general #3      f32[8,32]  P('x', 'y')   [4,8]
       ...
+      output out          f32[8,16]  P('x', None)  [4,16]   all-reduce(y) 256B
     collectives: 1 (1 all-reduce), 256 bytes per device
+
+Shardings print as JAX writes them (``P('x', None)``: a mesh axis name, a tuple of names or
+None per dim); ops by the names the user knows (``gp.annotate``, ``with_sharding_constraint``,
+``gp.tag``), each output by its pytree path (``out['loss']``).
 """
 from __future__ import annotations
 
+import os
+import re
+
 import attrs
 
+from ..core.ir import is_output_port, user_name
 from ..program.collective import Collective
 from ..frontend.pipeline import schedules
+
+
+SOURCE = re.compile(r"(.+?):(\d+)(?::\d+)?(?: |$)")  # an op's source: "path/model.py:40:8 (fn)"
 
 
 @attrs.frozen
@@ -36,9 +48,9 @@ def sharding_text(plan, v) -> str:
     """The value's recorded sharding, and the partial the program still holds it as (a sum
     over some axes deferred to a consumer: each device's buffer is not yet the value)::
 
-        [{x}, {}] partial-sum(y)
+        P('x', None) partial-sum(y)
     """
-    text = plan.sharding(v).shardy()
+    text = repr(plan.sharding(v).spec)
     held = plan.diagnostics.held.get(v.id)
     if held is not None and held.partial is not None:
         text += f" partial-{held.partial.op}({plan.fine.label(held.partial.axes)})"
@@ -60,12 +72,16 @@ def rows(plan) -> list[Row]:
         out.append(Row("input", f"input {plan.in_names[i]}", v.type_str, sharding_text(plan, v), local_text(plan, v), (),
                        value_id=v.id))
 
+    ports = {v.id: name for v, name in zip(plan.graph.outputs, plan.out_names)}
+
     def walk(graph, depth):
         for op in graph.ops:
             colls = tuple(by_op.get(op.id, []))
             for v in op.outputs:
                 nm = f" <{v.name}>" if v.name else ""
-                out.append(Row("op", f"{op.prim} #{op.id}{nm}", v.type_str, sharding_text(plan, v), local_text(plan, v),
+                label = (f"output {ports[v.id]}" if depth == 0 and v.id in ports and is_output_port(op)
+                         else f"{user_name(op)} #{op.id}{nm}" + _where(op))
+                out.append(Row("op", label, v.type_str, sharding_text(plan, v), local_text(plan, v),
                                colls, depth, op.source, v.id))
                 colls = ()
             for r in op.regions:
@@ -96,7 +112,7 @@ def notes(plan) -> list[str]:
             lines.append(f"combined {coll_text(c)}: {c.op[len('combined: '):]}")
     for v, d, s in zip(plan.graph.outputs, plan.out_fine_dims, plan.out_specs):
         if plan.fine_dims(v) != d:
-            lines.append(f"note: output %{v.id} {v.type_str} is uneven on {plan.sharding(v).shardy()}; "
+            lines.append(f"note: output %{v.id} {v.type_str} is uneven on {plan.sharding(v).spec!r}; "
                          f"returned as {s} (jax.Arrays must divide evenly)")
     return lines
 
@@ -129,6 +145,13 @@ def report(plan) -> str:
     lines.append(summary(plan))
     lines.extend(notes(plan))
     return "\n".join(lines)
+
+
+def _where(op) -> str:
+    """`` (model.py:40)`` for an op the user wrote to shard or name a value (gp.annotate,
+    with_sharding_constraint, gp.tag): the file and line it is at."""
+    m = SOURCE.match(op.source) if op.prim in ("gspmd_annotate", "gspmd_tag") else None
+    return f" ({os.path.basename(m.group(1))}:{m.group(2)})" if m else ""
 
 
 def local_text(plan, v) -> str:

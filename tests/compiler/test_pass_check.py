@@ -40,7 +40,7 @@ def test_dump_writes_each_pass_in_order_under_deterministic_names(tmp_path, monk
     assert all((folder / n).read_text() == (again / n).read_text() for n in names)
     assert "[{x}, {y}] = gspmd_tag[name=hidden]" in (folder / "05-propagate.txt").read_text()
     assert "all-reduce(y) sum 256B" in (folder / "09-reindex.txt").read_text()
-    assert (folder / "11-collectives.txt").read_text().startswith("all-reduce(y) 256B  <- gspmd_annotate")
+    assert (folder / "11-collectives.txt").read_text().startswith("all-reduce(y) 256B  <- output boundary #")
 
 
 def _passes():

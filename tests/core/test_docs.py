@@ -3,9 +3,9 @@ installed: ``pip install -e ".[docs]"``), every page's python code blocks run (e
 blocks in order, in one namespace, on the 8 CPU devices of conftest.py), and every
 repository path that a doc, the README or a docstring names exists.
 
-A code block that must not run (it stands for the reader's own code, or needs several
-processes) is preceded by a MyST comment line ``% norun: why``; other fences (bash, text)
-are never run.
+Every python block runs, as written (no placeholders); other fences (bash, text) never run.
+A page whose blocks must start before JAX's backend does (``gp.distributed.initialize()``)
+says so on a MyST comment line ``% fresh-process: why`` and runs in a new interpreter.
 """
 from __future__ import annotations
 
@@ -24,23 +24,33 @@ FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.M | re.S)
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
-    """(line, code) of each python block of a page that may run, in order."""
-    out = []
-    for m in FENCE.finditer(text):
-        if m.group(1) != "python":
-            continue
-        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        if before.startswith("% norun"):
-            continue
-        out.append((text[:m.start()].count("\n") + 1, m.group(2)))
-    return out
+    """(line, code) of each python block of a page, in order."""
+    return [(text[:m.start()].count("\n") + 1, m.group(2)) for m in FENCE.finditer(text) if m.group(1) == "python"]
 
 
-def test_the_pages_are_found_and_norun_is_honoured():
+def fresh_process(text: str) -> bool:
+    return re.search(r"^% fresh-process", text, re.M) is not None
+
+
+def run_page(page: str) -> None:
+    """A page's python blocks, in order, in one namespace: a module of its own (dataclasses
+    such as Flax modules look their module up in sys.modules)."""
+    module = types.ModuleType("docs_" + page.replace("/", "_").replace(".", "_"))
+    sys.modules[module.__name__] = module
+    for line, code in python_blocks((ROOT / page).read_text()):
+        try:
+            exec(compile(code, f"{page}:{line}", "exec"), module.__dict__)
+        except Exception as e:  # the page and line the block starts on, then the error
+            raise AssertionError(f"{page}, the block at line {line}: {type(e).__name__}: {e}") from e
+
+
+def test_the_pages_are_found_and_every_python_block_is_run():
     assert {"index.md", "getting-started.md", "concepts.md", "architecture.md", "performance.md", "api.md"} <= {
         p.name for p in PAGES}
-    text = "```python\na = 1\n```\n\n% norun: not this one\n```python\nraise SystemExit\n```\n```bash\nexit 1\n```\n"
-    assert python_blocks(text) == [(1, "a = 1\n")]
+    text = "```python\na = 1\n```\n\n% x\n```python\nb = 2\n```\n```bash\nexit 1\n```\n"
+    assert python_blocks(text) == [(1, "a = 1\n"), (6, "b = 2\n")]
+    assert not any("% norun" in p.read_text() for p in PAGES), "a placeholder block: write the program"
+    assert fresh_process((DOCS / "guides" / "multihost.md").read_text()) and not fresh_process(text)
 
 
 RUNNABLE = [p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *PAGES] if python_blocks(p.read_text())]
@@ -49,16 +59,14 @@ RUNNABLE = [p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *PAGES]
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_the_code_blocks_of_a_page_run(page, capsys):
-    """README.md's and each docs page's python blocks, in order, in one namespace."""
-    # a module of its own (dataclasses such as Flax modules look their module up in sys.modules)
-    module = types.ModuleType("docs_" + page.replace("/", "_").replace(".", "_"))
-    sys.modules[module.__name__] = module
-    namespace: dict = module.__dict__
-    for line, code in python_blocks((ROOT / page).read_text()):
-        try:
-            exec(compile(code, f"{page}:{line}", "exec"), namespace)
-        except Exception as e:  # the page and line the block starts on, then the error
-            raise AssertionError(f"{page}, the block at line {line}: {type(e).__name__}: {e}") from e
+    """README.md's and each docs page's python blocks, in order, in one namespace (a new
+    interpreter for a ``% fresh-process`` page, with this one's 8 CPU devices)."""
+    if not fresh_process((ROOT / page).read_text()):
+        run_page(page)
+        return
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_docs; test_docs.run_page({page!r})"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
 # -- repository paths ---------------------------------------------------------------------

@@ -53,7 +53,7 @@ def test_tile_grid_large_mesh_is_cut():
 
 def test_visualize(plan, capsys):
     text = plan.visualize("hidden", show=False)
-    assert text.splitlines()[0].startswith("hidden f32[8,32] [{x}, {y}]")
+    assert text.splitlines()[0].startswith("hidden f32[8,32] P('x', 'y')")
     assert "dev 0" in text and "0:4,0:8" in text
     plan.visualize("hidden")
     printed = capsys.readouterr().out
