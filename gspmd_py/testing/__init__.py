@@ -13,7 +13,7 @@
 
 Modules: strategies.py (meshes, shardings, shapes, values), compare.py (what must be exact, the
 float tolerance), equivalence.py (the assertion), reproducer.py (failure scripts), plan_checks.py
-(assert_plan), metamorphic.py, programs.py (random programs), pytest_plugin.py.
+(assert_plan, check_plan), metamorphic.py, programs.py (random programs), pytest_plugin.py.
 """
 try:
     import hypothesis  # noqa: F401
@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from .compare import EXACT, EXACT_UP_TO_ZERO_SIGN, INEXACT, analyze
 from .equivalence import Case, apply_mode, assert_spmd_equivalent, check_case, compare_trees, jit_reference
 from .metamorphic import assert_annotation_invariant, assert_deterministic, assert_device_order_invariant
-from .plan_checks import assert_plan
+from .plan_checks import assert_plan, check_plan
 from .programs import Program, programs
 from .pytest_plugin import ensure_host_devices
 from .reproducer import script as reproducer_script
@@ -32,6 +32,6 @@ from .strategies import Annotation, annotations, arrays, fill, meshes, shapes_li
 __all__ = [
     "Annotation", "Case", "EXACT", "EXACT_UP_TO_ZERO_SIGN", "INEXACT", "Program", "analyze", "annotations",
     "apply_mode", "arrays", "assert_annotation_invariant", "assert_deterministic", "assert_device_order_invariant",
-    "assert_plan", "assert_spmd_equivalent", "check_case", "compare_trees", "ensure_host_devices", "fill",
+    "assert_plan", "assert_spmd_equivalent", "check_plan", "check_case", "compare_trees", "ensure_host_devices", "fill",
     "jit_reference", "meshes", "programs", "reproducer_script", "shapes_like", "shardings", "special_values", "values",
 ]

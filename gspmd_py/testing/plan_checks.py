@@ -24,6 +24,9 @@ from ..api.api import spmd
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.mesh import Mesh
 from ..ops.collectives import KINDS as COLLECTIVE_KINDS
+from ..views.plan_check import Finding, check_plan
+
+__all__ = ["Finding", "assert_plan", "check_plan"]
 
 KINDS = tuple(COLLECTIVE_KINDS)
 

@@ -20,6 +20,8 @@
     (each collective primitive has exactly one record, nothing else has one, each names an
     op of the graph or the boundary); reindex's records equal a fresh index of the
     combined program.
+* ``GSPMD_PY_VERIFY=plan``: all of the above, and at the end the finished plan is checked by
+  ``check_plan`` (plan_check.py: partial values reduced exactly once, permutes, padding).
 """
 from __future__ import annotations
 
@@ -77,7 +79,14 @@ class PassRun:
         (self.folder / f"{self.count:02d}-{pass_name}.txt").write_text(text + "\n")
 
     def finish(self, plan) -> None:
-        """After the last pass: the plan's collective records, dumped."""
+        """After the last pass: the plan's collective records, dumped; with
+        ``GSPMD_PY_VERIFY=plan``, the whole plan checked statically (plan_check.py)."""
+        if self.verify and os.environ.get(VERIFY_ENV, "") == "plan":
+            from .plan_check import check_plan  # a sibling, loaded when asked for
+
+            found = check_plan(plan)
+            if found:
+                raise PassInvariantError(f"the plan of {self.name}: " + "; ".join(map(str, found[:8])))
         if self.dump_dir is not None:
             self.count += 1
             self._dump("collectives", pass_text.collectives_text(plan.index))
