@@ -306,6 +306,36 @@ def _reference_fn(case: Case, reference):
     return reference
 
 
+def _digest(args) -> tuple:
+    """The inputs' identity: shapes, dtypes and bytes (two draws of one seed are one input)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for a in jax.tree_util.tree_leaves(args):
+        a = np.asarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes() if a.dtype != object else repr(a).encode())
+    return (jax.tree_util.tree_structure(args), h.hexdigest())
+
+
+def _reference(case: Case, mode: str, ref, cache: Optional[dict]):
+    """The reference's result on the case's inputs and the traced computation the comparison
+    reads: once per input and mode (``cache``: shrinking and repeated draws meet the same inputs
+    again), the trace once per input shapes (it depends on nothing else)."""
+    if cache is None:
+        return apply_mode(mode, ref, case.args), apply_mode(mode, case.fn, case.args, trace=True)
+    avals = tuple((np.shape(a), str(np.asarray(a).dtype)) for a in jax.tree_util.tree_leaves(case.args))
+    tkey = ("trace", _key(case)[0], mode, jax.tree_util.tree_structure(case.args), avals)
+    trace = cache.get(tkey)
+    if trace is None:
+        trace = cache[tkey] = apply_mode(mode, case.fn, case.args, trace=True)
+    wkey = ("want", _key(case), mode, _digest(case.args))
+    want = cache.get(wkey)
+    if want is None:
+        want = cache[wkey] = apply_mode(mode, ref, case.args)
+    return want, trace
+
+
 def _explain(f, case: Case, i: int) -> str:
     try:
         plan = f.plan(*case.args)
@@ -316,7 +346,10 @@ def _explain(f, case: Case, i: int) -> str:
 
 def check_case(case: Case, *, reference=None, modes: Sequence[str] = ("value",), tol: Any = "auto",
                cache: Optional[dict] = None) -> Optional[str]:
-    """None when gp.spmd(fn) matches the reference on ``case`` in every mode; else the failure message."""
+    """None when gp.spmd(fn) matches the reference on ``case`` in every mode; else the failure message.
+    ``cache`` (one per assertion): the gp.spmd function per (fn, mesh, in_shardings), so its plan
+    and executable per input shapes are built once; the reference function, its result per input
+    and the traced computation per input shapes, each computed once."""
     ref = _reference_fn(case, reference) if cache is None else \
         cache.setdefault(("reference", _key(case)), _reference_fn(case, reference))
     ref_name = "fn unpartitioned" if reference is None else "jax.jit with the same shardings" \
@@ -325,8 +358,7 @@ def check_case(case: Case, *, reference=None, modes: Sequence[str] = ("value",),
         if mode == "grad" and not _float_args(case.args):
             continue
         try:
-            want = apply_mode(mode, ref, case.args)
-            trace = apply_mode(mode, case.fn, case.args, trace=True)
+            want, trace = _reference(case, mode, ref, cache)
         except Exception:  # noqa: BLE001 - the reference cannot run this example: not a gp failure
             reject()
         f = None

@@ -9,7 +9,9 @@
     >>> gpt.arrays((7, 16), np.float32)             # arrays of those (seeded: cheap to draw and shrink)
 
 Every strategy shrinks towards the simple case: one mesh axis of 2 devices in device order,
-replicated specs, the smallest sizes, plain values.
+replicated specs, the smallest sizes, plain values. A mesh and a spec take the same number of
+draws whatever the mesh drawn, so a failing example shrinks its mesh (size-1 axes and sub-axes
+drop away, (3, 1, 1) becomes (2,)) without the shapes and layouts drawn after it changing.
 """
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ def _order(draw, kind: str, n: int) -> list[int]:
         return ids[::-1]
     if kind == "node split":  # two "nodes": even ids then odd ids, so every mesh axis crosses them
         return ids[0::2] + ids[1::2]
-    if kind == "random":
-        return list(draw(st.permutations(ids)))
+    if kind == "random":  # one draw whatever the size: a smaller mesh keeps the draws after it aligned
+        seed = draw(st.integers(0, 2**16))
+        return [int(i) for i in np.random.default_rng(seed).permutation(n)]
     return ids
 
 
@@ -63,8 +66,8 @@ def meshes(draw, max_devices: int = 8, max_axes: int = 3, *, axis_names: Optiona
     x, y, z, w), device ids the first devices of ``jax.devices()`` in one of ``device_orders``:
     "identity", "reversed", "node split" (even ids then odd ids: every axis crosses two hosts'
     worth of devices) or a "random" permutation. ``abstract=True`` draws gp.Mesh.abstract
-    meshes (no devices; ``max_devices`` may be thousands: plan-only checks). Shrinks towards
-    one axis of 2 devices in device order.
+    meshes (no devices; ``max_devices`` may be thousands: plan-only checks). A quarter of the
+    meshes have a size-1 axis. Shrinks towards one axis of 2 devices in device order.
     """
     names = tuple(axis_names) if axis_names is not None else AXIS_NAMES
     if not abstract:
@@ -76,7 +79,12 @@ def meshes(draw, max_devices: int = 8, max_axes: int = 3, *, axis_names: Optiona
             f"(jax has {_n_devices()} devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax is "
             f"imported, or use gpt.pytest_plugin)" if few else
             "(max_devices must be at least min_devices, and max_axes and the axis names at least 1)"))
-    shape = draw(st.sampled_from(mesh_shapes(max_devices, max_axes, min_devices, tuple(sizes), abstract)))
+    every = mesh_shapes(max_devices, max_axes, min_devices, tuple(sizes), abstract)
+    # a quarter of the meshes have a size-1 axis (most shapes do: drawn uniformly they would
+    # crowd out the rest); 0 first, so a failing example shrinks to a mesh without one
+    ones = draw(st.integers(0, 3)) == 3
+    pool = [t for t in every if (1 in t) == ones] or list(every)
+    shape = draw(st.sampled_from(pool))
     total = math.prod(shape)
     n_axes = len(shape)
     axis_names_ = names[:n_axes]
@@ -106,9 +114,10 @@ def mesh_shapes(max_devices: int, max_axes: int, min_devices: int = 2, sizes: Se
 
 def _free_axes(draw, mesh: Mesh, sub_axes: bool) -> list[str]:
     free = []
-    for a, n in zip(mesh.axis_names, mesh.shape):
-        # one draw per axis whatever its size, so that shrinking a mesh axis keeps later draws aligned
-        choice = draw(st.integers(0, 3))
+    # one draw per possible axis whatever the mesh, so that shrinking the mesh (an axis fewer, a
+    # smaller size) keeps every later draw aligned: the shrunk example keeps its shapes and specs
+    choices = [draw(st.integers(0, 3)) for _ in range(max(len(AXIS_NAMES), len(mesh.axis_names)))]
+    for (a, n), choice in zip(zip(mesh.axis_names, mesh.shape), choices):
         options = _SPLITS.get(n, [[n]]) if sub_axes else [[n]]
         parts = options[choice % len(options)]
         pre = 1
@@ -134,19 +143,23 @@ def shardings(draw, shape: Sequence[int], mesh: Mesh, *, sub_axes: bool = True, 
     free = _free_axes(draw, mesh, sub_axes)
     entries: list[Any] = []
     for _ in range(len(shape)):
-        if open_dims and draw(st.integers(0, 5)) == 5:
+        # the same draws per dim whatever the mesh (see _free_axes): open, replicated, how many
+        # axes, per axis slot an index into the axes still free, and whether a multi-axis dim
+        # takes them against mesh order (half the time; shrinks to mesh order)
+        is_open = open_dims and draw(st.integers(0, 5)) == 5
+        none = draw(st.integers(0, 99)) < int(p_none * 100)
+        n = draw(st.integers(0, max_axes_per_dim))
+        picks = [draw(st.integers(0, 7)) for _ in range(max_axes_per_dim)]
+        against = draw(st.booleans())
+        if is_open:
             entries.append(OPEN)
             continue
-        if not free or draw(st.integers(0, 99)) < int(p_none * 100):
+        n = min(n, len(free))
+        if none or n == 0:
             entries.append(None)
             continue
-        n = draw(st.integers(0, min(max_axes_per_dim, len(free))))
-        if n == 0:
-            entries.append(None)
-            continue
-        chosen = list(draw(st.permutations(free))[:n])
-        for a in chosen:
-            free.remove(a)
+        order = {a: i for i, a in enumerate(free)}  # free axes are in mesh order
+        chosen = sorted((free.pop(k % len(free)) for k in picks[:n]), key=order.get, reverse=against)
         entries.append(chosen[0] if len(chosen) == 1 else tuple(chosen))
     from ..core.sharding import P
 

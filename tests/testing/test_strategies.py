@@ -84,3 +84,59 @@ def test_values_and_arrays_hold_special_values():
     a = gpt.fill((50, 3), np.float16, seed=3, mode="special")
     assert a.dtype == np.float16 and np.isnan(a).any() and math.prod(a.shape) == 150
     assert np.array_equal(gpt.fill((4,), np.int8, 1), gpt.fill((4,), np.int8, 1))
+
+
+def _entry_axes(e):
+    return () if e is None else (e if isinstance(e, tuple) else (e,))
+
+
+def test_meshes_and_specs_draw_where_bugs_live():
+    """Over 300 draws: size-1 axes in about a quarter of the meshes (not three quarters, as a
+    uniform pick of shapes gives), multi-axis dims in either order, sub-axes, uneven dims."""
+    n = dict(meshes=0, size1=0, sharded=0, uneven=0, multi=0, reversed=0, sub=0)
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
+    @given(gpt.meshes(), st.data())
+    def draw(mesh, data):
+        spec = data.draw(gpt.shardings((7, 12), mesh))
+        n["meshes"] += 1
+        n["size1"] += 1 in mesh.shape
+        for size, e in zip((7, 12), spec):
+            refs = [mesh.ref(a) for a in _entry_axes(e)]
+            if not refs:
+                continue
+            n["sharded"] += 1
+            n["uneven"] += size % math.prod(r.size for r in refs) != 0
+            n["sub"] += any(":" in str(a) for a in _entry_axes(e))
+            if len(refs) > 1:
+                n["multi"] += 1
+                place = [(mesh.axis_names.index(r.name), r.pre) for r in refs]
+                n["reversed"] += place != sorted(place)
+
+    draw()
+    assert 0.15 <= n["size1"] / n["meshes"] <= 0.4, n
+    assert n["uneven"] >= 0.3 * n["sharded"] and n["sub"] >= 0.1 * n["sharded"], n
+    assert n["multi"] >= 0.15 * n["sharded"] and 0.3 <= n["reversed"] / n["multi"] <= 0.7, n
+
+
+def test_a_failing_layout_shrinks_to_two_devices():
+    """The mesh shrinks under a condition on the spec drawn after it: the spec's draws do not
+    depend on the mesh drawn, so a smaller mesh keeps the failing layout's shape."""
+    from hypothesis import find
+
+    def uneven_over_several(t):  # a dim split over two mesh axes, unevenly
+        mesh, spec = t
+        return any(len(_entry_axes(e)) > 1 and size % math.prod(mesh.ref(a).size for a in _entry_axes(e))
+                   for size, e in zip((7, 12), spec))
+
+    def uneven(t):
+        mesh, spec = t
+        return any(_entry_axes(e) and size % math.prod(mesh.ref(a).size for a in _entry_axes(e))
+                   for size, e in zip((7, 12), spec))
+
+    pairs = gpt.meshes().flatmap(lambda m: st.tuples(st.just(m), gpt.shardings((7, 12), m)))
+    conf = settings(database=None, max_examples=2000, derandomize=True)
+    mesh, spec = find(pairs, uneven, settings=conf)
+    assert mesh.shape == (2,) and spec == gp.P("x", None)
+    mesh, spec = find(pairs, uneven_over_several, settings=conf)
+    assert 1 not in mesh.shape and len(mesh.shape) <= 2, (mesh, spec)  # size-1 axes shrink away
