@@ -189,3 +189,20 @@ def test_a_96_block_model_on_65536_devices_checks_in_seconds():
     # a dropped reduction is still found at that scale (where the partial meets the residual too)
     found = gpt.check_plan(edit(plan, drop))
     assert "unreduced" in kinds(found) and {f.axis for f in found} == {"model"}
+
+
+def test_partitioner_bugs_of_the_classes_that_escaped_running_tests(monkeypatch):
+    """Issue 39's two escapes, injected into the partitioner: found without running anything
+    (the replicated term's gradient being zero hid it from every value comparison)."""
+    from gspmd_py.partitioner import program as pprogram
+
+    monkeypatch.setattr(pprogram, "join", lambda ctx, x, partial, acc: x.astype(acc))  # counted on every device
+    found = gpt.check_plan(plan_of(grad_step, (gp.P("x", None), gp.P(None, "y")), (8, 16), (16, 12)))
+    assert [(f.kind, f.axis) for f in found] == [("replicated-joins-partial", "x")]
+    monkeypatch.undo()
+
+    from gspmd_py.partitioner import context
+
+    monkeypatch.setattr(context.Ctx, "mask", lambda self, pv, dims, fill: pv.x)  # padding never masked
+    found = gpt.check_plan(plan_of(scan_sum, (gp.P("x", None), None), (7, 4), (4, 3)))
+    assert found and {f.kind for f in found} == {"non-neutral-pad"} and {f.axis for f in found} == {"x"}
