@@ -48,6 +48,7 @@ _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 # linear in operand 0 beyond OpFacts.linearity: program-level data movement the partitioner and
 # the combiner emit on partial buffers
 _MOVES = ("dynamic_slice", "rev", "concatenate", "cumsum")
+_SCATTER_ADD = ("scatter-add", "scatter_add")
 
 
 class State:
@@ -158,7 +159,7 @@ class Walk:
         facts = facts_of(name)
         if facts.collective:
             return self._collective(entry, eqn, args, facts)
-        subs = self.index.subs(entry)
+        subs = self.index.subs(entry) if facts.region else ()  # a scatter's combiner is no region
         if subs:
             return self._region(entry, eqn, args, subs, facts, producers, consts)
         if name == "axis_index":
@@ -212,6 +213,8 @@ class Walk:
         if lin == F.SELECT and 0 not in idx:
             return self._keep(entry, eqn, var, p, out, [args[i] for i in others[1:]], zero_ok=True, joining=True,
                               pred=args[0])
+        if name in _SCATTER_ADD:  # linear in the operand and the updates together (the handler joins them)
+            return [State(out | p, origin=var) for _ in eqn.outvars]
         if name in ("reduce_max", "reduce_min", "cummax", "cummin") and set(p.values()) <= {"max", "min"}:
             return [State(out | p, origin=var) for _ in eqn.outvars]
         return self._needs_whole(entry, eqn, var, p, out, f"{name} needs it whole")

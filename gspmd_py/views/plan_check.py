@@ -24,6 +24,8 @@ from typing import Optional
 import attrs
 
 from .pad_flow import PadWalk
+
+MANUAL = ("shard_map", "xla_pmap")  # jax.shard_map regions: the user's own collectives
 from .partial_flow import V, State, Walk
 
 
@@ -114,7 +116,7 @@ class _Checker:
                 self._add("varies-but-whole", label, name, a, f"the plan holds it whole over {a}, the program "
                           "leaves it differing between those devices (a reduction or gather missing)")
         for a, op in sorted(hp.items()):
-            if a not in s.tags and not s.zero:
+            if a not in s.tags and not s.zero and op == "sum":
                 self._add("reduced-twice", label, name, a, f"the plan holds it partial ({op}) over {a}, the program "
                           "already made it whole: reducing it again counts it "
                           f"{sizes[a]} times")
@@ -129,7 +131,12 @@ class _Checker:
             self.found.append(f)
 
     def _report(self, kind: str, entry, origin: str, axis: str, detail: str) -> None:
+        if kind == "reduced-twice" and self._in_manual_region(entry):
+            return  # the user's own collective in a jax.shard_map (psum of ones counts devices)
         self._add(kind, entry.label, origin or f"{entry.prim} {_path(entry.path)}", axis, detail)
+
+    def _in_manual_region(self, entry) -> bool:
+        return any(getattr(self.ops.get(i), "prim", "") in MANUAL for i in entry.op_ids)
 
     def _report_pad(self, entry, value: str, axis: str, detail: str) -> None:
         self._add("non-neutral-pad", entry.label, value, axis, detail)
