@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("gspmd_py/partitioner", "gspmd_py/program", "gspmd_py/index_math.py", "gspmd_py/halo_tables.py")
+TARGETS = ("gspmd_py/partitioner", "gspmd_py/program")  # the index math and halo tables live in partitioner/
 # the fast tier's tests for each mutated module (not-slow tests only), after a core every mutant
 # runs (golden program text, the static plan check, the index math): a mutant of a module runs
 # the tests that exercise that module, as coverage-guided mutation tools select them
@@ -339,7 +339,8 @@ def worker(tier: list[str], timeout: float, base: Path) -> None:
             signal.signal(signal.SIGALRM, alarm)
             signal.alarm(int(timeout))
             try:
-                rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                # in this process (-n 0 over setup.cfg's xdist): the copy on sys.path is what runs
+                rc = pytest.main(["-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly",
                                   *(tier or tier_for(m.path))])
                 status = "survived" if rc == 0 else ("killed" if rc in (1, 2, 3) else f"error-{int(rc)}")
             except TimeoutError:

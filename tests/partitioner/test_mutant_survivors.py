@@ -26,3 +26,4 @@ def test_a_max_partial_reduce_scattered_is_reduced():
     assert_same(got, x.max(0))
     assert [(c.kind, c.reduce) for c in plan.collectives if c.kind in ("all-reduce", "reduce-scatter")] == \
         [("all-reduce", "max")]
+
