@@ -1,7 +1,6 @@
 """Mutants of the partitioner that the fast tier let through (tools/mutate.py, issue 39), each
 turned into a test that kills it; benchmarks/results/mutants.md lists them and explains the
 equivalent ones."""
-import jax.numpy as jnp
 import numpy as np
 
 import gspmd_py as gp
