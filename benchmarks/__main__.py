@@ -26,6 +26,10 @@ Runs gspmd_py against ``jax.jit`` with the same shardings and writes
   first argument replicated, batch-sharded, sharded on each other dim, uneven: collectives, XLA's
   cost analysis and HLO counts of both compiled programs, per-call ratio where a call takes
   1 ms or more, flagged rows with their HLO diff (``ops.md``; benchmarks/ops.py)
+* ``modelgen``: ``--n`` models drawn from ``--seed`` (benchmarks/modelgen.py) on (2, 4) and (8,):
+  gp.auto_shard against every hand plan, gp.spmd against jax.jit per call with the same
+  shardings, interleaved, with both optimized HLOs' collectives (``modelgen.md``;
+  benchmarks/modelgen_run.py; ``--quick``: fewer samples)
 
 ``python -m benchmarks.gpu_check [--tiny]``: the demo, the reference programs and zoo models on
 this process's devices (a GPU: 1-device meshes), gp.spmd vs jax.jit (``gpu_check.md``).
@@ -45,7 +49,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "zoo", "loops", "hw", "cost", "denselm", "ops")
+SECTIONS = ("calls", "cold", "size", "devices", "profile", "index", "auto", "zoo", "loops", "hw", "cost", "denselm", "ops", "modelgen")
 
 
 def _machine() -> str:
@@ -64,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", default="", help="comma-separated program names (default: all)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--n", type=int, default=30, help="modelgen: how many generated models (each on both meshes)")
+    ap.add_argument("--seed", type=int, default=0, help="modelgen: the first model's seed")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = sorted(set(only) - set(SECTIONS))
@@ -166,6 +172,13 @@ def main(argv=None) -> int:
         from . import ops
 
         files["ops.md"] = header + ops.run(q)
+
+    if "modelgen" in only:
+        from . import modelgen_run
+        from .machine import write
+
+        files["modelgen.md"] = modelgen_run.run(args.n, args.seed, q, header=header,
+                                                write=lambda text: write("modelgen.md", text, args.out))
 
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w") as fh:

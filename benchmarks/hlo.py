@@ -139,3 +139,12 @@ def count_diff(ours: Counter, xla: Counter) -> str:
     a, b = norm(ours), norm(xla)
     parts = [f"{a[k] - b[k]:+d} {k}" for k in DIFF_OPS if a[k] != b[k]]
     return ", ".join(parts)
+
+
+def profile(text: str) -> dict:
+    """Collectives (count, bytes, kinds), fusions, copies and transposes outside fusions, and the
+    instruction count of an optimized HLO module: the deterministic side of a per-call race."""
+    c = op_counts(text)
+    n, nbytes, kinds = summarize(hlo_collectives(text))
+    return {"collectives": n, "collective_bytes": nbytes, "kinds": kinds, "fusions": c["fusion"],
+            "copies": c["copy"] + c["copy-start"], "transposes": c["transpose"], "instructions": sum(c.values())}

@@ -85,3 +85,27 @@ def fmt_s(sec: float) -> str:
     if sec < 1.0:
         return f"{sec * 1e3:.1f} ms" if sec < 0.1 else f"{sec * 1e3:.0f} ms"
     return f"{sec:.2f} s"
+
+
+def sampled(fns: dict[str, Callable[[], object]], repeats: int = 9, warmup: int = 1,
+            min_sample_s: float = 0.01) -> dict[str, tuple[list[float], list[float]]]:
+    """Per function, (wall seconds per call, process CPU seconds per call) of each sample,
+    sampled round-robin as ``interleaved`` does (order rotated each round). CPU time counts
+    every thread of the process (XLA's device threads too): less sensitive to other
+    processes on a shared machine than wall time."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    number = {n: _calls_per_sample(fns[n], min_sample_s) for n in names}
+    out: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            fn, k = fns[n], number[n]
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(k):
+                fn()
+            out[n][0].append((time.perf_counter() - t0) / k)
+            out[n][1].append((time.process_time() - c0) / k)
+    return out
