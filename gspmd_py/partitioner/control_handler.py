@@ -24,7 +24,7 @@ from ..core.jax_compat import scan_counts
 from ..ops import facts as F
 from ..ops import facts_of
 from .context import Ctx
-from .partial import accumulate, join, reduce
+from .partial import accumulate, join, reduce, zero_everywhere
 from .pvalue import Partial, PValue
 from .registry import handler
 from .reshard import reshard
@@ -79,7 +79,8 @@ def _scan(ctx: Ctx, op, plan, args):
         return new, [y.x for y in ys]
 
     stacked: list = []  # the partial of each ys slot, as the body traced it
-    init = [a.x if p is None else join(ctx, a.x, p, a.x.dtype) for a, p in zip(args[nc:nc + ncar], kept)]
+    init = [a.x if p is None else join(ctx, a.x, p, a.x.dtype, zero=zero_everywhere(v))
+            for a, p, v in zip(args[nc:nc + ncar], kept, op.inputs[nc:nc + ncar])]
     carry, ys = lax.scan(step, init, [a.x for a in args[nc + ncar:]],
                          length=op.params["length"], reverse=op.params["reverse"], unroll=op.params.get("unroll", 1))
     return [ctx.pv(x, v.shape, d, p, v.dtype)

@@ -129,10 +129,31 @@ def _safe_factor(v, divisor: bool) -> bool:
     return bool(np.all(np.isfinite(c)) and (not divisor or np.all(c != 0)))
 
 
-def join(ctx, x, partial: Partial, acc_dtype):
+# ops whose result is zero in every element when their first operand is (and any other is not data)
+_ZERO_KEEPING = frozenset({"broadcast_in_dim", "convert_element_type", "reshape", "transpose", "copy", "squeeze"})
+
+
+def zero_everywhere(v, depth: int = 8) -> bool:
+    """``v`` is zero in every element whatever the inputs: a plan-time constant zero, or one
+    broadcast / reshaped / converted / transposed from one (``jnp.zeros``, the zeros a
+    segment_sum or an embedding's gradient scatter-adds into, a backward scan's gradient
+    accumulator). Held on every device it already is a partial sum of itself (n zeros sum to
+    that zero, +0.0 and -0.0 alike), so it joins a partial as it is (``join(..., zero=True)``)."""
+    if _is_zero(v):
+        return True
+    op = v.producer
+    if op is None or depth <= 0 or op.prim not in _ZERO_KEEPING or not op.inputs:
+        return False
+    return zero_everywhere(op.inputs[0], depth - 1)
+
+
+def join(ctx, x, partial: Partial, acc_dtype, zero: bool = False):
     """A non-partial local value as a partial sum: itself on the first device of the partial
-    axes, the additive identity (-0.0 for floats) elsewhere."""
+    axes, the additive identity (-0.0 for floats) elsewhere; ``zero``: the value is zero
+    everywhere (``zero_everywhere``), a partial sum of itself on every device already: as it is."""
     x = x.astype(acc_dtype)
+    if zero:
+        return x
     return jnp.where(ctx.index(partial.axes) == 0, x, jnp.asarray(dtypes.additive_identity(acc_dtype)))
 
 

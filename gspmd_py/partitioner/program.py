@@ -41,7 +41,7 @@ from . import collective_matmul, fork, registry
 from .context import Ctx
 from .diagnostics import Diagnostics
 from ..core.fine_mesh import FineMesh
-from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept
+from .partial import KEEP, REDUCE, TO_PARTIAL, accumulate, carry_modes, join, settle_kept, zero_everywhere
 from .pvalue import FineDims, Partial, PValue, shards
 from .reshard import reshard
 
@@ -131,7 +131,8 @@ def partition_op(ctx: Ctx, op: Op, rule: OpRule, plan: OpPlan, args: Sequence[PV
         if mode == TO_PARTIAL:
             r = xs[i]
             acc = accumulate(r.dtype, carried.op)
-            xs[i] = ctx.pv(join(ctx, r.x, carried, acc), r.shape, r.dims, carried, r.dtype)
+            xs[i] = ctx.pv(join(ctx, r.x, carried, acc, zero=zero_everywhere(op.inputs[i])), r.shape, r.dims,
+                           carried, r.dtype)
     if carried is not None:
         xs, done = _held_wide(ctx, op, plan, xs, modes, carried)
         if done is not None:

@@ -33,7 +33,7 @@ from jax import lax
 from ..core import dtypes
 from ..ops.gather import additive, dropping, one_row_dims
 from .context import Ctx
-from .partial import accumulate, join
+from .partial import accumulate, join, zero_everywhere
 from .registry import handler
 
 
@@ -49,7 +49,7 @@ def partition_scatter(ctx: Ctx, op, rule, plan, args):
     summed = partial is not None and partial.op == "sum"
     if summed:  # each device adds its own updates: the operand joins on the first device
         acc = accumulate(v.dtype, "sum")
-        x = join(ctx, x, partial, acc)
+        x = join(ctx, x, partial, acc, zero=zero_everywhere(op.inputs[0]))
     if sharded and not dropping(op):  # clip: clamp the global starts first (as lax does), then shift
         idx = _clamp(idx, op, dn)
     kind = op.prim.replace("_", "-")
