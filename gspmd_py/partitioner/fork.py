@@ -168,10 +168,19 @@ def _points(fl: _Flow) -> dict:
 def _candidates(ctx, fl: _Flow) -> set:
     pts = _points(fl)
     sizes = {v.id: v for v in fl.order}
+    parents: dict = {}
+    for vid, kids in fl.carried.items():
+        for c in kids:
+            parents.setdefault(c, set()).add(vid)
     out = set()
     for vid, s in pts.items():
         v = sizes[vid]
-        if len(s) < 2 or v.producer is None:
+        if v.producer is None:
+            continue
+        if len(s) == 1 and _no_gain(ctx, fl, sizes, parents, vid, next(iter(s))):
+            out.add(vid)
+            continue
+        if len(s) < 2:
             continue
         fork = _bytes(ctx, v, fl.dims[vid], fl.partial[vid])
         spread = sum(_bytes(ctx, sizes[p], fl.dims[p], fl.partial.get(p) or fl.partial[vid]) * (1.0 if k == "ar" else 0.5)
@@ -179,6 +188,29 @@ def _candidates(ctx, fl: _Flow) -> set:
         if fork < spread:
             out.add(vid)
     return out
+
+
+def _no_gain(ctx, fl: _Flow, sizes: dict, parents: dict, vid: int, point) -> bool:
+    """Deferring ``vid``'s one reduction to ``point`` gains nothing: an all-reduce of at least
+    ``vid``'s bytes, reached through values no other partial joins (a lone chain of scales,
+    negations, converts, transposes: an SGD step's ``p - lr * g``, a weight gradient's
+    transpose). Reduced where it is made instead, as XLA's partitioner reduces a dot's partial
+    result, the chain runs on the reduced value and fuses with its consumer (deferred, it
+    is a pass of its own over the partial before the all-reduce)."""
+    pid, kind = point
+    if kind != "ar" or pid == vid:
+        return False
+    todo, seen = [vid], set()
+    while todo:
+        c = todo.pop()
+        for k in fl.carried.get(c, ()):
+            if len(parents.get(k, ())) != 1:
+                return False
+            if k not in seen:
+                seen.add(k)
+                todo.append(k)
+    p = fl.partial[vid]
+    return _bytes(ctx, sizes[pid], fl.dims[pid], fl.partial.get(pid) or p) >= _bytes(ctx, sizes[vid], fl.dims[vid], p)
 
 
 def _roots(fl: _Flow, cands: Iterable[int]) -> set:
