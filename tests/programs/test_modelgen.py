@@ -10,7 +10,7 @@ from benchmarks import modelgen
 from benchmarks import modelgen_plans
 from partition_util import assert_same
 
-TOL = dict(rtol=2e-4, atol=2e-5)  # float32 training steps: reductions regrouped across devices
+TOL = dict(rtol=1e-3, atol=1e-4)  # float32 steps, reductions regrouped; Adam's m / sqrt(v) amplifies it for tiny grads
 MESHES = (((2, 4), ("x", "y")), ((8,), ("x",)))
 SEEDS = range(6)  # each a whole training step compiled 4 times: the slow tier
 
