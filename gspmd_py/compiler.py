@@ -151,7 +151,7 @@ def seed(graph: Graph, mesh: Mesh, *, in_dims: Optional[Sequence[Optional[Dims]]
 
 def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=None, args_tree=None,
                   donate_argnums: Sequence[int] = (), passes: Optional[Sequence[Pass]] = None,
-                  combine_threshold_bytes: Optional[int] = None) -> Seeded:
+                  combine_threshold_bytes: Optional[int] = None, out_tree=None) -> Seeded:
     """Pass 4: ``seeded`` with the decisions of ``tactics`` (gp.tactics entries: batch, rules,
     zero, auto: the sharding search) added as seeds, each tactic over its axes, in order;
     ``Seeded.tactics`` records what each decided. No tactics: ``seeded`` itself. The search
@@ -159,7 +159,7 @@ def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=
     ``PROGRAM_PASSES``) with the combiner's ``combine_threshold_bytes``."""
     if not tactics:
         return seeded
-    from .search.context import Leaf, TacticContext
+    from .search.context import Leaf, TacticContext, out_leaves_of
     from .search.tactics import apply_tactics as run_tactics
 
     graph = seeded.graph
@@ -167,7 +167,8 @@ def apply_tactics(seeded: Seeded, mesh: Mesh, tactics: Sequence = (), *, leaves=
     leaves = list(leaves) if leaves is not None else [Leaf(i, "", nm) for i, nm in enumerate(in_names)]
     ctx = TacticContext(graph, mesh, leaves, list(seeded.seeds), args_tree, tuple(donate_argnums),
                         passes=None if passes is None else tuple(passes),
-                        combine_threshold_bytes=combine_threshold_bytes)
+                        combine_threshold_bytes=combine_threshold_bytes,
+                        out_leaves=out_leaves_of(out_tree, len(graph.outputs)))
     ctx = run_tactics(tactics, ctx)
     return Seeded(graph, tuple(ctx.seeds()), seeded.tactics + tuple(ctx.log))
 
@@ -245,8 +246,9 @@ PASSES: tuple[Pass, ...] = (
     Pass("apply_tactics", lambda s: apply_tactics(s["seeded"], s["mesh"], s["tactics"], leaves=s["leaves"],
                                                   args_tree=s["args_tree"], donate_argnums=s["donate_argnums"],
                                                   passes=program_passes(s["passes"]),
-                                                  combine_threshold_bytes=s["threshold"]),
-         ("seeded", "mesh", "tactics", "leaves", "args_tree", "donate_argnums", "passes", "threshold"), "seeded"),
+                                                  combine_threshold_bytes=s["threshold"], out_tree=s["given_out_tree"]),
+         ("seeded", "mesh", "tactics", "leaves", "args_tree", "donate_argnums", "passes", "threshold",
+          "given_out_tree"), "seeded"),
     Pass("propagate", lambda s: propagate(s["seeded"].graph, s["mesh"], s["seeded"].seeds), ("seeded", "mesh"),
          "prop", ("graph",)),
     *PROGRAM_PASSES,
@@ -294,7 +296,8 @@ def plan_jaxpr(closed, mesh: Mesh, *, name: str, in_tree=None, out_tree=None, in
     state = dict(closed=closed, mesh=mesh, name=name, in_names=in_names, in_dims=in_dims, in_labels=in_labels,
                  out_dims=out_dims, out_labels=out_labels, tactics=tactics, leaves=leaves, args_tree=args_tree,
                  donate_argnums=tuple(donate_argnums), threshold=threshold, shaping=shaping, passes=passes,
-                 out_memory_kinds=out_memory_kinds, in_memory_kinds=in_memory_kinds)
+                 out_memory_kinds=out_memory_kinds, in_memory_kinds=in_memory_kinds,
+                 given_out_tree=out_tree)  # (the tactics read the outputs' pytree paths: a training step's state)
     state["rebuild"] = lambda other: assemble(run_passes(program_passes(passes), {**state, "shaping": other}, observe))
     # the passes before the program's are run as they are (the search, in apply_tactics, collects
     # its own garbage); from partition on, off the user's mesh, with the collector paused

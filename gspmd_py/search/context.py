@@ -73,6 +73,7 @@ class TacticContext:
     # reindex (partitioner/passes.py; None: PROGRAM_PASSES) and its combiner threshold
     passes: Optional[tuple] = None
     combine_threshold_bytes: Optional[int] = None
+    out_leaves: list = attrs.Factory(list)  # per graph output: its Leaf (argnum: its position in the returned tuple)
     _fixed: set = attrs.field(init=False, factory=set)
     _values: dict = attrs.field(init=False, factory=dict)
 
@@ -167,6 +168,44 @@ def leaves_of_call(call, in_names: Sequence[str]) -> list[Leaf]:
         path = path[1:] if call.kw_form else path
         out.append(Leaf(pos_dyn[path[0].idx], slash_path(path[1:]), name))
     return out
+
+
+def out_leaves_of(out_tree, n: int) -> list[Leaf]:
+    """Per output leaf of ``out_tree``: a Leaf whose ``argnum`` is its position in the returned
+    tuple (None when the function returns no tuple or list) and ``path`` its key path inside it,
+    as ``leaves_of_call`` says the inputs (``step(params, opt, x) -> (params, opt, loss)``:
+    output 0's ``w1`` is argument 0's ``w1``). Empty when the tree does not have ``n`` leaves."""
+    import jax
+
+    from ..frontend.rules import slash_path
+
+    if out_tree is None or out_tree.num_leaves != n:
+        return []
+    out = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(jax.tree_util.tree_unflatten(out_tree, [0] * n))[0]:
+        head = path[0] if path else None
+        idx = getattr(head, "idx", None)
+        if isinstance(idx, int):
+            out.append(Leaf(idx, slash_path(path[1:]), f"out{jax.tree_util.keystr(path)}"))
+        else:
+            out.append(Leaf(None, slash_path(path), f"out{jax.tree_util.keystr(path)}"))
+    return out
+
+
+def returned_state(ctx: "TacticContext") -> list[tuple[int, int]]:
+    """(input id, output id) pairs of a training step's state: an output at the same pytree
+    position and path as an input argument's leaf (``step(params, opt, batch) -> (params,
+    opt, loss)``), of the same shape and dtype, neither fixed by the user."""
+    outs = {(lf.argnum, lf.path): v for v, lf in zip(ctx.graph.outputs, ctx.out_leaves) if lf.argnum is not None}
+    pairs = []
+    for v, lf in zip(ctx.graph.inputs, ctx.leaves):
+        o = outs.get((lf.argnum, lf.path))
+        if o is None or lf.argnum is None or o.shape != v.shape or o.dtype != v.dtype or v.is_const:
+            continue
+        if ctx.fixed(v) or ctx.fixed(o) or v.rank == 0:
+            continue
+        pairs.append((v.id, o.id))
+    return pairs
 
 
 def tactics_text(records: Sequence[TacticRecord], shown: int = 8) -> str:

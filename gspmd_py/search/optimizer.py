@@ -81,6 +81,7 @@ from ..core.errors import ShardingError
 from .baselines import baseline_states
 from .collector import young_only
 from .decide import Decider
+from .exact import relayouts, run as exact_run
 from .context import TacticContext
 from .points import point_classes
 from .price import Price, Pricer
@@ -105,6 +106,7 @@ KEEP_PROPAGATIONS = 64  # ranked states' propagations kept for pricing (rank, ke
 # the pre-screen propagates a neighbour from the kept exact propagation of a state it extends
 # (Propagation.extend: only what the new seeds reach); the traced pricer propagates afresh
 INCREMENTAL = False
+EXACT = True  # the exact search (exact.py: a MILP) first; its plan joins the start states
 UNEVEN = True  # actions may split a dim its shards do not divide (padded; context.fair_split)
 
 
@@ -451,6 +453,11 @@ class _Search:
 
     def run(self, baselines) -> SearchResult:
         starts = [()] + [s for _, s in baselines]
+        self.ilp = None
+        if EXACT and self.axes:
+            self.ilp = exact_run(self, starts)
+            if self.ilp.state is not None:
+                starts.append(self.ilp.state)
         self.beam(starts, self.input_actions)  # inputs first: they decide the most
         self.climb(self.best())  # then intermediate annotations (and drops) on the best
         self.runners_up(starts)
@@ -482,7 +489,21 @@ class _Search:
                             self.pricer.priced, time.perf_counter() - self.t0, self.axes, self.hw.name,
                             self.memory_limit, tuple(self.classes), self.screened,
                             tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
-                            self.max_evaluations, tuple(copy(self.decisions(c.actions)) for c in top))
+                            self.max_evaluations, tuple(copy(self.decisions(c.actions)) for c in top),
+                            self.ilp, self.ilp_candidate(), relayouts(self, best.actions))
+
+    def ilp_candidate(self):
+        """The exact search's plan as priced (None: it found none)."""
+        if self.ilp is None or self.ilp.state is None:
+            return None
+        return self.evaluate(self.ilp.state)[1]
+
+
+def searcher(ctx: TacticContext, axes: Sequence[str], hardware, memory_limit=None, seed: int = 0):
+    """A search over ``axes`` of ``ctx`` not run yet, and its hand plans as (name, state): what
+    the exact search's tests pin (exact.hand_points)."""
+    s = _Search(ctx, axes, hardware, memory_limit, 600.0, seed, "auto")
+    return s, [(name, s.canon(st)) for name, st in baseline_states(ctx, s.classes, tuple(axes))]
 
 
 def search(ctx: TacticContext, axes: Sequence[str], *, hardware=None, memory_limit=None, time_budget_s: float = 30,

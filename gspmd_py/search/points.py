@@ -21,7 +21,7 @@ import attrs
 from ..core.ir import Graph, Value
 from ..ops import facts_of
 from ..ops.elementwise import IDENTITY, NARY, UNARY
-from .context import TacticContext
+from .context import TacticContext, returned_state
 
 ELEMENTWISE = frozenset(UNARY) | frozenset(NARY) | frozenset(IDENTITY)
 MAX_INTERMEDIATE_CLASSES = 12
@@ -68,6 +68,7 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
             if x.id not in taken and not ctx.fixed(x) and x.shape == v.shape and not _is_matmul(x):
                 taken.add(x.id)
                 groups[key][2].append(x.id)
+    _join_returned_state(ctx, groups, taken)
     inter = []
     for op in ctx.graph.ops:  # top level: loop bodies follow their (stacked) inputs
         if not facts_of(op.prim).matmul:
@@ -89,6 +90,18 @@ def point_classes(ctx: TacticContext) -> list[PointClass]:
     icl = [PointClass(ig[k][0], ig[k][1], tuple(ig[k][2]), False, ig[k][3]) for k in iorder]
     icl.sort(key=lambda c: -c.nbytes * len(c.values))  # stable: program order among equals
     return classes + icl[:MAX_INTERMEDIATE_CLASSES]
+
+
+def _join_returned_state(ctx: TacticContext, groups: dict, taken: set) -> None:
+    """A training step's returned state (an output at an input's pytree position and path,
+    exact.returned_state) joins its input's class: the next step gets it in the layout it
+    was given (a training loop's fixed point, issue 37)."""
+    class_of = {vid: key for key, g in groups.items() for vid in g[2]}
+    for vin, vout in returned_state(ctx):
+        key = class_of.get(vin)
+        if key is not None and vout not in taken:
+            taken.add(vout)
+            groups[key][2].append(vout)
 
 
 def _is_matmul(v: Value) -> bool:

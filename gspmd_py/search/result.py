@@ -48,6 +48,10 @@ class SearchResult:
     stopped_by: str = ""  # "" (converged), "evaluations" (max_evaluations) or "time" (time_budget_s)
     max_evaluations: int = MAX_EVALUATIONS
     top_decisions: tuple = ()  # per candidate of ``top``: its decisions (value id -> dims), as ``decisions``
+    exact: object = None  # exact.ExactResult: what the MILP did (None: not run)
+    exact_candidate: Optional[Candidate] = None  # the MILP's plan, priced by the normal path
+    relayouts: tuple = ()  # (input, its layout, returned layout, seconds): returned state in another layout
+    times: tuple = ()  # (phase, seconds): the search's time split (api/auto.py adds trace and measure)
 
 
 def bytes_text(b: float) -> str:

@@ -385,6 +385,36 @@ class CostTables:
                             lambda: self._reshard_cost(v.shape, v.dtype.itemsize, src, dst, late)))
         return rows, tuple(reshards)
 
+    # -- single terms, for the exact search (ilp_build.py) -------------------------------
+    @property
+    def late(self) -> set:
+        """Ids of the values whose collectives are independent (``late_values``)."""
+        return self._late
+
+    def op_cost(self, op: Op, rule, proj) -> tuple:
+        """One op's compute term under ``proj``: (seconds, 0, ())."""
+        return self._op_cost(op, rule, proj.factors, proj)
+
+    def reshard_cost(self, shape, itemsize: int, src, dst, grouped: bool) -> tuple:
+        """(bandwidth seconds, bytes, latency groups) of resharding ``src`` -> ``dst``."""
+        return self._reshard_cost(shape, itemsize, src, dst, grouped)
+
+    def partial_cost(self, shape, itemsize: int, rdims, axes, vdims, grouped: bool) -> tuple:
+        """(seconds, bytes, latency groups) of a partial result's reductions towards ``vdims``."""
+        return self._partial_cost(shape, itemsize, rdims, axes, vdims, grouped)
+
+    def region_seconds(self, prop: Propagation, op_ids: set) -> float:
+        """The seconds of the terms of the ops ``op_ids`` (a loop body's, at its trip counts)
+        under ``prop``, latencies of grouped collectives counted once per group."""
+        idx = self.indices(prop)
+        table, groups, alpha = self.table, self.groups, self.alpha
+        s, used = 0.0, set()
+        for t, lay in enumerate(self._layout):
+            if lay[1].id in op_ids:
+                s += table[idx[t]][0] * self.mult[t]
+                used.update(int(g) for g in groups[idx[t]] if g >= 0)
+        return s + sum(float(alpha[g]) for g in used)
+
     def argument_bytes(self, prop: Propagation) -> int:
         """Local bytes of the inputs and outputs (a lower bound of the peak, for memory limits)."""
         return sum(_local_bytes(v.shape, v.dtype.itemsize, prop.dims_of(v))
