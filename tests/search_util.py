@@ -19,3 +19,20 @@ def favour_intermediates(monkeypatch) -> None:
 
     monkeypatch.setattr(price_mod.Pricer, "price", price)
     monkeypatch.setattr(optimizer, "SCREEN", False)
+
+
+def tactic_context(fn, mesh, *args):
+    """The TacticContext a tactic sees for ``fn(*args)`` (pytree arguments flattened, each
+    leaf's argument number and key path kept): what the exact search's tests price."""
+    import jax
+
+    from gspmd_py.compiler import fold_shifts, trace
+    from gspmd_py.frontend.rules import slash_path
+    from gspmd_py.search.context import Leaf, TacticContext
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(args)
+    tree = jax.tree_util.tree_structure(args)
+    leaves = [Leaf(p[0].idx, slash_path(p[1:]), f"arg{p[0].idx}{jax.tree_util.keystr(p[1:])}") for p, _ in flat]
+    closed = jax.make_jaxpr(lambda *xs: fn(*jax.tree_util.tree_unflatten(tree, xs)))(*[x for _, x in flat])
+    graph = fold_shifts(trace(closed, mesh, [lf.name for lf in leaves]))
+    return TacticContext(graph, mesh, leaves, [], args)

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional
 import attrs
 import jax
 
-from ..core.errors import NotPicklableError
+from ..core.errors import NotPicklableError, ShardingError
 from ..core.ir import user_name
 from ..core.mesh import Mesh
 from ..core.sharding import P
@@ -125,6 +125,8 @@ class AutoResult:
     pipeline: Any = None  # the gp.tactics.pipeline schedule of the plan's open gp.pipeline calls (None: none)
     pipelines: tuple = ()  # api/auto_pipeline.py's PipelineTrial per schedule priced (open pipelines only)
     pipeline_text: str = ""  # which schedule was chosen, or why none was (open pipelines only)
+    measured: Any = None  # api/auto_measure.py's Measured: the measured tie-break (None: measure=0)
+    times: tuple = ()  # (phase, seconds): trace, build, solve (CPU), measure (wall)
 
     def __copy__(self) -> "AutoResult":
         return self  # frozen
@@ -181,13 +183,16 @@ def _spec(sharding) -> P:
 
 def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings=None, hardware=None,
                memory_limit: Optional[float] = None, time_budget_s: float = 30, seed: int = 0, static_argnums=(),
-               donate_argnums=(), max_evaluations: Optional[int] = None) -> AutoResult:
+               donate_argnums=(), max_evaluations: Optional[int] = None, measure: int = 3) -> AutoResult:
     """Search shardings for ``fn(*args)`` over every axis of ``mesh`` (``args``: arrays or
     jax.ShapeDtypeStruct; an abstract mesh plans for devices this machine does not have).
     ``hardware=None``: the mesh's devices' (cost/machine.py: a GPU's or TPU's preset, CPU
     devices calibrated once and cached on disk; an abstract mesh: h100-node). Raises ``MemoryLimitError`` (a
     gp.ShardingError) when no plan's predicted peak fits ``memory_limit`` bytes per device. Open
-    ``gp.pipeline`` calls in ``fn``: pipeline schedules are priced too (module docstring)."""
+    ``gp.pipeline`` calls in ``fn``: pipeline schedules are priced too (module docstring).
+    ``measure=k``: on a mesh of this process's devices priced as those devices (``hardware=None``),
+    the best ``k`` candidates the cost model cannot separate are compiled and timed, and the
+    measured best kept (api/auto_measure.py); 0: the cost model alone decides."""
     from .api import Spmd
     from ..cost.machine import default_hardware
 
@@ -199,10 +204,16 @@ def auto_shard(fn: Callable, mesh: Mesh, *args, in_shardings=None, out_shardings
         hw_text = f"hardware {hw.name}: {how}"
     kw = dict(static_argnums=static_argnums, donate_argnums=donate_argnums)
 
+    from .auto_measure import why_not
+
+    if not isinstance(measure, int) or isinstance(measure, bool) or measure < 0:
+        raise ShardingError(f"gp.auto_shard: measure must be an int >= 0 (candidates to time), got {measure!r}")
+    no_measure = why_not(mesh, hardware is not None) if measure else "measure=0: the cost model alone decides"
+
     def one(evaluations: Optional[int], prefix: tuple = ()) -> AutoResult:
         return _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, prefix,
                          dict(memory_limit=memory_limit, time_budget_s=time_budget_s, seed=seed,
-                              max_evaluations=evaluations))
+                              max_evaluations=evaluations), (measure, no_measure))
 
     found = Spmd(fn, mesh, in_shardings, out_shardings, **kw).open_pipelines(*args)
     if not found:
@@ -232,12 +243,15 @@ def _check_call(fn, mesh, hardware) -> Mesh:
     return mesh
 
 
-def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, prefix: tuple, search_kw) -> AutoResult:
+def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, prefix: tuple, search_kw,
+              measuring: tuple = (0, "")) -> AutoResult:
     """One search: ``gp.spmd`` with ``prefix`` tactics (a pipeline schedule, or none) then an auto
-    tactic, planned; the AutoResult replays it."""
+    tactic, planned; the measured tie-break (``measuring``: (k, why not: '' when it may run));
+    the AutoResult replays the choice."""
     from .api import Spmd
     from ..search.tactics import auto
 
+    c0 = time.process_time()
     sink: list = []
     tac = attrs.evolve(auto(hardware=hw, **search_kw), sink=sink)
     f = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, tac], **kw)
@@ -256,6 +270,11 @@ def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, pref
             raise  # the search itself failed (said by its own error)
         result, f, plan, fallback = _fallback(sink[-1], e, fn, mesh, in_shardings, out_shardings, args, str(tac), kw,
                                               prefix)
+    plan_cpu = time.process_time() - c0
+    measured, f, plan, result = _tie_break(measuring, result, f, plan, args, fn, mesh, in_shardings, out_shardings,
+                                           str(tac), kw, prefix, hw)
+    times = (("trace", max(plan_cpu - sum(t for _, t in result.times), 0.0)),) + tuple(result.times) \
+        + (("measure", measured.seconds if measured is not None else 0.0),)
     cost = plan.cost(hw)
     log.info("auto_shard(%s): %d candidates priced in %.1f s; chosen: predicted step %.4g ms, peak %.4g MiB "
              "per device%s", name, result.explored, time.perf_counter() - t0, cost.step_s * 1e3,
@@ -266,7 +285,47 @@ def _auto_one(fn, mesh, args, in_shardings, out_shardings, hw, hw_text, kw, pref
     ins = jax.tree_util.tree_map(_spec, plan.in_shardings)
     outs = jax.tree_util.tree_map(_spec, plan.out_shardings)
     return AutoResult(ins, outs, plan, cost, result.explored, result, replay, decided, hw_text, fallback,
-                      prefix[0] if prefix else None)
+                      prefix[0] if prefix else None, measured=measured, times=times)
+
+
+def _tie_break(measuring: tuple, result, f, plan, args, fn, mesh, in_shardings, out_shardings, text, kw, prefix, hw):
+    """api/auto_measure.py over the best candidates the model cannot separate: (Measured or
+    None, the Spmd, plan and result of the choice)."""
+    from .api import Spmd
+    from .auto_measure import TIE, Measured, concrete, measure, record
+    from ..core.errors import first_line as said
+    from ..search.tactics import Decided
+
+    k, why = measuring
+    if k <= 0:
+        return None, f, plan, result
+    if why:
+        return Measured(note=why), f, plan, result
+    best = result.best
+    cands = [(c, d) for c, d in zip(result.top, result.top_decisions) if c.actions != best.actions and c.built
+             and c.fits and c.price.step_s <= best.price.step_s * (1 + TIE)][:k - 1]
+    if not cands:
+        return Measured(note="no other candidate within 3% of the best: the cost model separates them"), f, plan, \
+            result
+    cargs = concrete(args)
+    spmds, plans = [f], [plan]
+    try:
+        for c, d in cands:
+            g = Spmd(fn, mesh, in_shardings, out_shardings, tactics=[*prefix, Decided(_decided_data(d), text)], **kw)
+            plans.append(g.plan(*cargs))
+            spmds.append(g)
+        runs = [(lambda g=g: jax.block_until_ready(g(*cargs))) for g in spmds]
+        m = measure(runs, [best.text] + [c.text for c, _ in cands],
+                    [best.price.step_s] + [c.price.step_s for c, _ in cands])
+    except Exception as e:  # noqa: BLE001 - measurement is a tie-break: the model's choice stands
+        return Measured(note=f"measurement failed ({said(e)}): the cost model's choice stands"), f, plan, result
+    where = record(plan.fn_name, mesh, hw.name, m)
+    if where:
+        m = attrs.evolve(m, note=f"recorded in {where}")
+    if not m.changed:
+        return m, f, plan, result
+    c, d = cands[m.chosen - 1]
+    return m, spmds[m.chosen], plans[m.chosen], attrs.evolve(result, best=c, decisions=d)
 
 
 def _as_data(decisions: dict, plan: Plan) -> tuple:

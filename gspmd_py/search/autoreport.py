@@ -52,12 +52,40 @@ def header(res) -> list[str]:
                      f"this result depends on the machine's speed; raise time_budget_s for a reproducible one")
     elif s.stopped_by == "evaluations":
         lines.append(f"search stopped at max_evaluations={s.max_evaluations} candidates (deterministic budget)")
+    lines += exact_lines(res)
     if res.fallback:
         lines.append(res.fallback)
     if s.skipped:
         n = sum(k for _, k in s.skipped)
         lines.append(f"skipped {n} candidate{'s' if n != 1 else ''} the partitioner could not build: "
                      + "; ".join(f"{k} x {r}" for r, k in s.skipped))
+    return lines
+
+
+def exact_lines(res) -> list[str]:
+    """The exact search (search/exact.py): what it did, whether its plan or the fallback search's
+    won; the measured tie-break; the training loop's returned state; the search's time split."""
+    s = res.search
+    lines = []
+    ex = getattr(s, "exact", None)
+    if ex is not None:
+        lines.append(ex.text())
+        cand = s.exact_candidate
+        if cand is not None:
+            won = cand.actions == s.best.actions
+            lines.append(f"  its plan priced {_ms(cand.price.step_s)}: " + (
+                "chosen" if won else f"the fallback search (start states and hill climbing) found a better one, "
+                                     f"{_ms(s.best.price.step_s)}"))
+    m = getattr(res, "measured", None)
+    if m is not None and (m.texts or m.note):
+        lines.append(m.text() + (f"; {m.note}" if m.texts and m.note else ""))
+    for what, a, b, sec in getattr(s, "relayouts", ()):
+        lines.append(f"returned state {what} comes back {b}, given {a}: a training loop re-lays it out each step "
+                     f"({_ms(sec)} by the cost tables); the plan's other choices priced lower with it")
+    if getattr(res, "times", ()):
+        unit = {"measure": " wall"}
+        lines.append("search time: " + ", ".join(f"{k} {v:.2f} s{unit.get(k, '')}" for k, v in res.times)
+                     + " (CPU seconds of this process but measure)")
     return lines
 
 

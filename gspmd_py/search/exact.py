@@ -61,20 +61,33 @@ def problem(search, props: Sequence) -> Problem:
 
 def to_state(search, p: Problem, choice) -> tuple:
     """The solution as actions on the search's point classes (each class's first value's
-    layout), those that apply together (Decider: legal) kept, in order."""
-    acts = []
+    layout), those that apply together (Decider: legal) kept, in order. An intermediate
+    class's actions are kept only where propagation from the inputs' actions does not give
+    its layout already (no redundant annotation)."""
+    per_class = []
     for c, pc in enumerate(search.classes):
         n = p.value_node.get(pc.values[0])
-        if n is None or p.kinds[n] != "group":
+        if n is None or p.kinds[n] != "group" or len(p.choices[n][choice[n]]) != len(pc.shape):
             continue
         lay = p.choices[n][choice[n]]
-        if len(lay) != len(pc.shape):
-            continue
-        for d, axes in enumerate(lay):
-            for a in axes:
-                if a.whole and a.name in search.axes:
-                    acts.append((c, d, a.name))
-    state: tuple = ()
+        per_class.append((c, lay, [(c, d, a.name) for d, axes in enumerate(lay) for a in axes
+                                   if a.whole and a.name in search.axes]))
+    state = _legal(search, (), [a for c, _, acts in per_class if search.classes[c].is_input for a in acts])
+    inter = [(c, lay, acts) for c, lay, acts in per_class if not search.classes[c].is_input]
+    if inter:
+        try:
+            prop = search.pricer.propagate(search.seeds(state))
+        except Exception:  # noqa: BLE001 - unbuildable: the inputs' actions alone are the answer's floor
+            return state
+        names = frozenset(search.axes)
+        for c, lay, acts in inter:
+            v = search.ctx.value(search.classes[c].values[0])
+            if tuple(tuple(a for a in d if a.name in names) for d in prop.dims_of(v)) != lay:
+                state = _legal(search, state, acts)
+    return state
+
+
+def _legal(search, state: tuple, acts) -> tuple:
     for a in acts:
         if search.legal(state, a):
             state = search.canon(state + (a,))

@@ -118,6 +118,7 @@ class _Search:
         self.ctx, self.axes, self.hw = ctx, tuple(axes), hw
         self.memory_limit = memory_limit
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
         self.deadline = self.t0 + budget
         self.rng = random.Random(seed)
         self.who = who
@@ -490,7 +491,13 @@ class _Search:
                             self.memory_limit, tuple(self.classes), self.screened,
                             tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
                             self.max_evaluations, tuple(copy(self.decisions(c.actions)) for c in top),
-                            self.ilp, self.ilp_candidate(), relayouts(self, best.actions))
+                            self.ilp, self.ilp_candidate(), relayouts(self, best.actions), self.times())
+
+    def times(self) -> tuple:
+        """(phase, CPU seconds) of this search: building (pricing candidates, the tables, the
+        exact search's problem) and solving (the MILP)."""
+        solve = self.ilp.solve_s if self.ilp is not None else 0.0
+        return (("build", time.process_time() - self.c0 - solve), ("solve", solve))
 
     def ilp_candidate(self):
         """The exact search's plan as priced (None: it found none)."""
