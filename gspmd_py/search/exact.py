@@ -22,6 +22,7 @@ from .ilp_build import Builder, Problem
 from .ilp_solve import NODE_LIMIT, Solution, solve
 
 MEMORY_RETRIES = 2
+NARROW_AT = 30_000  # a problem with more variables is built again over the narrow space
 
 
 @attrs.frozen
@@ -52,11 +53,16 @@ class ExactResult:
 
 
 def problem(search, props: Sequence) -> Problem:
-    """The MILP's problem for ``search`` (optimizer.py's _Search), the hand plans' ``props`` in it."""
+    """The MILP's problem for ``search`` (optimizer.py's _Search), the hand plans' ``props`` in
+    it; past ``NARROW_AT`` variables, the narrow space (one sharded dim per layout, one sharded
+    factor per strategy, and the hand plans' choices)."""
     ctx = search.ctx
     fixed = {sd.value.id: sd.dims for sd in ctx.base_seeds}
-    b = Builder(ctx.graph, ctx.mesh, search.axes, search.tables, props, fixed, returned_state(ctx))
-    return b.build()
+    p = Builder(ctx.graph, ctx.mesh, search.axes, search.tables, props, fixed, returned_state(ctx)).build()
+    if p.variables > NARROW_AT:
+        p = Builder(ctx.graph, ctx.mesh, search.axes, search.tables, props, fixed, returned_state(ctx),
+                    narrow=True).build()
+    return p
 
 
 def to_state(search, p: Problem, choice) -> tuple:

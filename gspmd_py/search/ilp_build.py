@@ -78,13 +78,15 @@ class Builder:
     output id) pairs a training loop feeds back."""
 
     def __init__(self, graph: Graph, mesh: Mesh, axes: Sequence[str], tables: CostTables,
-                 hand: Sequence[Propagation], fixed: Optional[dict] = None, tied: Sequence[tuple] = ()):
+                 hand: Sequence[Propagation], fixed: Optional[dict] = None, tied: Sequence[tuple] = (),
+                 narrow: bool = False):
         self.graph, self.mesh, self.tables = graph, mesh, tables
         self.names = frozenset(axes)
         self.refs = [mesh.ref(a) for a in sorted(axes, key=mesh.axis_index)]
         self.hand = list(hand)
         self.fixed = dict(fixed or {})
         self.tied = tuple(tied)
+        self.narrow = narrow  # layouts and strategies with one sharded dim / factor (and the hand plans')
         self.rmemo: dict = {}
         self._term: dict = {}
         self._lay: dict = {}
@@ -97,7 +99,7 @@ class Builder:
         key = (v.shape, str(v.dtype))
         got = self._lay.get(key)
         if got is None:
-            got = layouts(v.shape, self.refs)
+            got = layouts(v.shape, self.refs, narrow=self.narrow)
             seen = set(got)
             for lay in self.hand_layouts.get(v.shape, ()):
                 if lay not in seen:
@@ -110,7 +112,7 @@ class Builder:
         key = (op.id,) if op.regions else (op.prim, rule)
         got = self._strat.get(key)
         if got is None:
-            got = [] if op.regions else strategies(rule, self.refs, self.mesh)
+            got = [] if op.regions else strategies(rule, self.refs, self.mesh, self.narrow)
             seen = {proj_key(p) for p in got}
             for p in (self.hand_projs.get(op.id, ()) if op.regions else self.hand_by_rule.get(key, ())):
                 if proj_key(p) not in seen:

@@ -53,8 +53,9 @@ def _prod(xs) -> int:
     return k
 
 
-def layouts(shape: Sequence[int], refs: Sequence[AxisRef], uneven: bool = True) -> list[Layout]:
-    """Every layout of ``shape`` over the axes ``refs`` (mesh order) that ``fair_split`` allows."""
+def layouts(shape: Sequence[int], refs: Sequence[AxisRef], uneven: bool = True, narrow: bool = False) -> list[Layout]:
+    """Every layout of ``shape`` over the axes ``refs`` (mesh order) that ``fair_split`` allows
+    (``narrow``: those with at most one sharded dim: the hand plans add their others)."""
     rank = len(shape)
     none = ((),) * rank
     if rank == 0 or _prod(shape) <= 1:
@@ -65,6 +66,8 @@ def layouts(shape: Sequence[int], refs: Sequence[AxisRef], uneven: bool = True) 
         for a, c in zip(refs, choice):
             if c < rank:
                 dims[c].append(a)
+        if narrow and sum(1 for d in dims if d) > 1:
+            continue
         if all(not d or fair_split(shape[i], _prod(a.size for a in d), even=not uneven) for i, d in enumerate(dims)):
             out.append(tuple(tuple(d) for d in dims))
     if len(out) > MAX_LAYOUTS:
@@ -73,8 +76,9 @@ def layouts(shape: Sequence[int], refs: Sequence[AxisRef], uneven: bool = True) 
     return out
 
 
-def strategies(rule: OpRule, refs: Sequence[AxisRef], mesh: Mesh) -> list[Projection]:
-    """Each searched axis on one shardable factor of ``rule`` or none (see the module docstring)."""
+def strategies(rule: OpRule, refs: Sequence[AxisRef], mesh: Mesh, narrow: bool = False) -> list[Projection]:
+    """Each searched axis on one shardable factor of ``rule`` or none (see the module docstring;
+    ``narrow``: at most one factor sharded, the hand plans add their others)."""
     multi = {f for dims in rule.tensors for fs in dims if len(fs) > 1 for f in fs}
     used = {f for dims in rule.tensors for fs in dims for f in fs}
     cands = [f for f, fac in enumerate(rule.factors) if fac.kind in SHARDABLE and fac.size > 1 and f in used
@@ -91,7 +95,7 @@ def strategies(rule: OpRule, refs: Sequence[AxisRef], mesh: Mesh) -> list[Projec
             if (f in multi and n % k) or not fair_split(n, k, even=False):
                 ok = False
                 break
-        if not ok:
+        if not ok or (narrow and len(fa) > 1):
             continue
         fa = {f: tuple(v) for f, v in sorted(fa.items())}
         key = tuple(fa.items())
