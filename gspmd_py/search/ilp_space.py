@@ -30,7 +30,6 @@ import itertools
 import re
 from typing import Optional, Sequence
 
-import numpy as np
 
 from ..ir import Graph, Op, Value
 from ..mesh import AxisRef, Mesh
@@ -187,6 +186,3 @@ def norm_path(name: str) -> str:
 def rule_of(op: Op, memo: Optional[dict] = None) -> OpRule:
     return rule_for(op, memo)
 
-
-def cost_array(n_rows: int, n_cols: int) -> np.ndarray:
-    return np.zeros((n_rows, n_cols), np.float64)

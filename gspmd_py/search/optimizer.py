@@ -10,6 +10,11 @@ is rejected.
 
 Method, deterministic for a seed:
 
+0. the exact search (exact.py, ``EXACT``): the hand-written plans priced, then a MILP over
+   every value's layout and every op's strategy (their layouts and projections among the
+   choices: each is a point the solver reaches), priced by the cost tables' terms and solved
+   by HiGHS within a node budget; its plan, said as actions, joins the start states (always
+   priced); the steps below are the fallback and polish, and the best priced plan wins;
 1. start states: nothing decided (replicated over the searched axes), and the hand-written
    plans as starting points (data parallel, Megatron, and both on 2+ axes; baselines.py);
 2. beam search (width 2) over the input actions: expand every state of the beam by every
