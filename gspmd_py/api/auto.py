@@ -19,7 +19,7 @@ without ``res.in_shardings`` / ``res.out_shardings``.
 
 The result depends only on the function, the arguments' shapes, the mesh, the hardware and
 the seed: the search stops after ``max_evaluations`` candidates (search/optimizer.py), and
-``time_budget_s`` is a safety cap that ``res.report()`` mentions when it cut the search
+``time_budget_s`` is a safety cap (CPU seconds of the search) that ``res.report()`` mentions when it cut the search
 short. Candidates the partitioner cannot build are skipped and counted in the report. If the
 chosen plan then fails to build as a whole plan, the next of the search's best candidates that
 builds is kept (replayed from its decisions, no new search) and ``res.report()`` says which

@@ -62,7 +62,8 @@ higher op level), so the ranking, and with it which candidates get priced, can c
 Budgets. The search stops after ``max_evaluations`` candidate states (those priced plus those
 the tables ranked): a count, so the result depends only on the program, the hardware and the
 seed, never on the machine's speed or load. ``time_budget_s`` stays as a safety cap checked
-between candidates; a search that hits it says so in ``res.report()`` (its result then
+between candidates, on this process's CPU seconds (a busy machine slows the wall clock, not
+the CPU time a search takes); a search that hits it says so in ``res.report()`` (its result then
 depends on the machine's speed). Progress goes to stderr when it is a terminal and the
 search runs longer than 2 s.
 
@@ -124,7 +125,7 @@ class _Search:
         self.memory_limit = memory_limit
         self.t0 = time.perf_counter()
         self.c0 = time.process_time()
-        self.deadline = self.t0 + budget
+        self.deadline = time.process_time() + budget  # CPU seconds: other processes' load does not move it
         self.rng = random.Random(seed)
         self.who = who
         self.classes = point_classes(ctx)
@@ -185,7 +186,7 @@ class _Search:
             return True
         if self.work() >= self.max_evaluations:
             self.stopped_by = "evaluations"
-        elif time.perf_counter() > self.deadline:
+        elif time.process_time() > self.deadline:
             self.stopped_by = "time"
         return bool(self.stopped_by)
 
@@ -496,19 +497,14 @@ class _Search:
                             self.memory_limit, tuple(self.classes), self.screened,
                             tuple(sorted(self.skipped.items(), key=lambda t: (-t[1], t[0]))), self.stopped_by,
                             self.max_evaluations, tuple(copy(self.decisions(c.actions)) for c in top),
-                            self.ilp, self.ilp_candidate(), relayouts(self, best.actions), self.times())
+                            self.ilp, None if self.ilp is None or self.ilp.state is None else self.evaluate(self.ilp.state)[1],
+                            relayouts(self, best.actions), self.times())
 
     def times(self) -> tuple:
         """(phase, CPU seconds) of this search: building (pricing candidates, the tables, the
         exact search's problem) and solving (the MILP)."""
         solve = self.ilp.solve_s if self.ilp is not None else 0.0
         return (("build", time.process_time() - self.c0 - solve), ("solve", solve))
-
-    def ilp_candidate(self):
-        """The exact search's plan as priced (None: it found none)."""
-        if self.ilp is None or self.ilp.state is None:
-            return None
-        return self.evaluate(self.ilp.state)[1]
 
 
 def searcher(ctx: TacticContext, axes: Sequence[str], hardware, memory_limit=None, seed: int = 0):
