@@ -52,6 +52,9 @@ def header(res) -> list[str]:
                      f"this result depends on the machine's speed; raise time_budget_s for a reproducible one")
     elif s.stopped_by == "evaluations":
         lines.append(f"search stopped at max_evaluations={s.max_evaluations} candidates (deterministic budget)")
+    else:
+        lines.append(f"search converged before its budgets (max_evaluations={s.max_evaluations}, the time cap "
+                     f"time_budget_s): the result depends on the inputs, the hardware and the seed only")
     lines += exact_lines(res)
     if res.fallback:
         lines.append(res.fallback)
