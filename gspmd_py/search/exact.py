@@ -19,10 +19,10 @@ import attrs
 
 from .context import returned_state
 from .ilp_build import Builder, Problem
-from .ilp_solve import NODE_LIMIT, Solution, solve
+from .ilp_solve import MAX_VARIABLES, NODE_LIMIT, Solution, solve
 
 MEMORY_RETRIES = 2
-NARROW_AT = 30_000  # a problem with more variables is built again over the narrow space
+NARROW_AT = 20_000  # a problem with more variables is built again over the narrow space
 
 
 @attrs.frozen
@@ -130,6 +130,10 @@ def run(search, starts: Sequence[tuple], node_limit: int = NODE_LIMIT) -> ExactR
         solve_s += sol.seconds
         solves += 1
         if sol.choice is None:
+            if sol.status == "too large":
+                return ExactResult(f"skipped: {sol.variables} variables, over the work budget "
+                                   f"({MAX_VARIABLES}): the fallback search alone", None, float("inf"),
+                                   sol.variables, 0, len(p.kinds), sum(p.instances), build_s=build, starts_s=priced)
             break
         state = to_state(search, p, sol.choice)
         got = search.evaluate(state)

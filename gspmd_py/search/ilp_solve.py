@@ -26,7 +26,7 @@ from .ilp_build import Problem
 
 SCALE = 1e6  # seconds -> microseconds
 NODE_LIMIT = 500  # branch-and-bound nodes: the default work budget
-MAX_VARIABLES = 120_000  # a larger problem is left to the fallback search (its solve would take minutes)
+MAX_VARIABLES = 40_000  # a larger problem is left to the fallback search (its LP alone takes seconds to minutes)
 
 
 @attrs.frozen
