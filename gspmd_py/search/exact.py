@@ -159,7 +159,7 @@ def relayouts(search, state) -> tuple:
     returned state (context.returned_state) that comes back in another layout than its
     input's under ``state``: what a training loop pays per step (the cost tables' reshard
     price, the re-layout of the returned state back to the input's layout)."""
-    from ..sharding import Sharding
+    from ..core.sharding import Sharding
 
     ctx = search.ctx
     pairs = returned_state(ctx)

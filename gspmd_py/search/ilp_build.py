@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 import attrs
 import numpy as np
 
-from ..ir import Graph, Op
-from ..mesh import Mesh
+from ..core.ir import Graph, Op
+from ..core.mesh import Mesh
 from ..propagation import Propagation
 from .ilp_space import (ELEMENTWISE, groups as value_groups, layouts, norm_path, projection, proj_key, rule_of,
                         strategies, tensors_of, tie)

@@ -31,8 +31,8 @@ import re
 from typing import Optional, Sequence
 
 
-from ..ir import Graph, Op, Value
-from ..mesh import AxisRef, Mesh
+from ..core.ir import Graph, Op, Value
+from ..core.mesh import AxisRef, Mesh
 from ..ops import rule_for
 from ..ops.rule import SHARDABLE, OpRule
 from ..propagation.projection import Projection, partial_result, tensor_dims
