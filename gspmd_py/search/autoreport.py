@@ -86,9 +86,10 @@ def exact_lines(res) -> list[str]:
         lines.append(f"returned state {what} comes back {b}, given {a}: a training loop re-lays it out each step "
                      f"({_ms(sec)} by the cost tables); the plan's other choices priced lower with it")
     if getattr(res, "times", ()):
-        unit = {"measure": " wall"}
-        lines.append("search time: " + ", ".join(f"{k} {v:.2f} s{unit.get(k, '')}" for k, v in res.times)
-                     + " (CPU seconds of this process but measure)")
+        cpu = [f"{k} {v:.2f} s" for k, v in res.times if k != "measure"]
+        wall = [f"{k} {v:.2f} s" for k, v in res.times if k == "measure"]
+        lines.append("search time: " + ", ".join(cpu) + " (CPU seconds of this process)"
+                     + (", " + ", ".join(wall) + " (wall)" if wall else ""))
     return lines
 
 
