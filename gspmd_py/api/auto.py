@@ -110,7 +110,10 @@ class AutoResult:
     decisions (``rules()``); ``hardware_text``: which hardware priced the plans and why;
     ``fallback``: "" or which candidate replaced a best plan that failed to build;
     ``pipeline``, ``pipelines``, ``pipeline_text``: the pipeline schedule chosen for open
-    ``gp.pipeline`` calls, the schedules priced, and why."""
+    ``gp.pipeline`` calls, the schedules priced, and why; ``measured``: the measured tie-break
+    (``measure=k``; None when 0): the candidates timed and whether measurement changed the
+    choice; ``times``: the search's time split, (phase, seconds) for trace, build, solve (CPU)
+    and measure (wall)."""
 
     in_shardings: Any
     out_shardings: Any
