@@ -205,13 +205,18 @@ def plan_of(jaxpr: ClosedJaxpr, spmd: SpmdParams):
 
 def out_layouts(plan: Plan) -> list:
     """The canonical dims of ``plan``'s outputs as a staged call returns them (over the user's mesh)."""
-    mesh = plan.mesh
-    out = []
-    for (s, _), v in zip(plan.lower().staged_out_shardings(), plan.graph.outputs):
-        entries = list(s.spec) + [None] * (v.rank - len(s.spec))
-        out.append(tuple(() if e is None else tuple(mesh.ref(a) for a in ((e,) if isinstance(e, str) else e))
-                         for e in entries))
-    return out
+    return [_user_dims(plan, s, v.rank) for (s, _), v in zip(plan.lower().staged_out_shardings(), plan.graph.outputs)]
+
+
+def in_layouts(plan: Plan) -> list:
+    """The canonical dims of ``plan``'s inputs as a staged call takes them (over the user's mesh)."""
+    return [_user_dims(plan, s, v.rank) for s, v in zip(plan.lower().staged_in_shardings(), plan.graph.inputs)]
+
+
+def _user_dims(plan: Plan, sharding, rank: int) -> tuple:
+    entries = list(sharding.spec) + [None] * (rank - len(sharding.spec))
+    return tuple(() if e is None else tuple(plan.mesh.ref(a) for a in ((e,) if isinstance(e, str) else e))
+                 for e in entries)
 
 
 def run_padded(plan: Plan, *xs):
@@ -288,6 +293,7 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
     known_vals = [t.pval.get_known() for t, k in zip(tracers, known) if k]
     hints, ins, given_outs = spmd.hints(len(tracers)), spmd.ins(len(tracers)), spmd.outs(len(out_unknown))
     computed_hints: list = [None] * n_res
+    forwarded_hints: Optional[list] = None
     outs: list = []
     if jaxpr_known.out_avals:
         p_known = spmd.derive(_kept(hints, known), _kept(ins, known),
@@ -296,10 +302,15 @@ def _partial_eval(trace: pe.JaxprTrace, *tracers, jaxpr: ClosedJaxpr, spmd: Spmd
             plan = plan_of(jaxpr_known, p_known)
             p_known = attrs.evolve(p_known, plan=plan)
             computed_hints = out_layouts(plan)[len(jaxpr_known.out_avals) - n_res:]
+            # a forwarded input's layout as the known program takes it: over the user's mesh, as a
+            # computed residual's (an in_sharding over a sub-axis, 'x:(1)2', is not a layout the
+            # unknown half's jit can be given: jax.jit's transpose then failed to read it back)
+            taken = in_layouts(plan)
+            forwarded_hints = taken if len(taken) == len(known_vals) else None
         outs = bind(known_vals, jaxpr_known, p_known)
     n_known_out = len(outs) - n_res
     known_out, computed, computed_hints = outs[:n_known_out], iter(outs[n_known_out:]), iter(computed_hints)
-    known_hints = _kept(hints, known)
+    known_hints = _kept(hints, known) if forwarded_hints is None else forwarded_hints
     residuals = [next(computed) if f is None else known_vals[f] for f in res_fwd]
     res_hints = [next(computed_hints) if f is None else known_hints[f] for f in res_fwd]
     res_tracers = [trace.new_instantiated_const(r) for r in residuals]

@@ -237,3 +237,21 @@ def test_avals_as_jax_jit_for_random_programs(prog, s, explicit):
     view = (lambda x: str(jax.typeof(x))) if explicit else _type
     for got in (f(s, *args), jax.jit(f)(s, *args)):  # direct and staged
         assert [view(g) for g in got] == [view(w) for w in want]
+
+
+def test_grad_with_an_input_over_a_sub_axis():
+    """jax.grad of a gp.spmd function whose input is split over a sub-axis ('x:(1)2' of an (8,)
+    mesh): the forwarded residual (the input itself, see the donation test) enters the backward
+    program in the layout the forward program takes it in over the user's mesh. Its in_sharding
+    as a hint made jax.jit's transpose fail with JAX's raw IndivisibleError (found by gp.testing's
+    strategies, which draw sub-axes more often now)."""
+    mesh = gp.Mesh((8,), ("x",))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 16), dtype=np.float32)
+    x = rng.standard_normal((8, 16), dtype=np.float32)
+    fn = lambda w, x: jnp.tanh(x @ w)
+    f = gp.spmd(fn, mesh, in_shardings=(None, gp.P(None, "x:(1)2")))
+    got = jax.grad(lambda w, x: jnp.sum(f(w, x)), argnums=(0, 1))(w, x)
+    want = jax.grad(lambda w, x: jnp.sum(fn(w, x)), argnums=(0, 1))(w, x)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(v), rtol=1e-5, atol=1e-5)

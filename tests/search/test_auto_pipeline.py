@@ -99,9 +99,13 @@ def test_open_pipeline_outside_gp_spmd_is_the_layers_in_sequence(layers, rows, d
 def test_open_pipeline_under_gp_spmd_is_the_layers_in_sequence():
     """No schedule decided: an ordinary scanned stack, partitioned like one (values and grads,
     meshes and in_shardings drawn)."""
+    # tol: four layers of 16-term sums whose terms (|h| <= 1 times N(0, 1) weights) are larger than
+    # the result; the "auto" model scales the rounding by the results' magnitudes, not the terms',
+    # and a contraction split over x (P(None, 'x'), drawn since gp.testing's strategies changed)
+    # differs by 4.2e-6 where it allows 4.1e-6. A wrong partition differs by far more than 1e-5.
     gpt.assert_spmd_equivalent(model, weights(4), batch(8), also_grad=True, max_examples=6, vary_shapes=False,
                                mesh=[gp.Mesh((2, 4), ("x", "y")), gp.Mesh((8,), ("x",)),
-                                     gp.Mesh((2, 2, 2), ("x", "y", "z"))], seed=0)
+                                     gp.Mesh((2, 2, 2), ("x", "y", "z"))], seed=0, tol=1e-5)
 
 
 @pytest.mark.slow
@@ -165,7 +169,8 @@ def test_auto_shard_keeps_the_plain_stack_where_it_is_cheaper():
     mesh = gp.Mesh((2, 4), ("x", "y"))
     args = (weights(4), batch(16))
     res = gp.auto_shard(train_step, mesh, *args, hardware=SLOW)
-    assert res.pipeline is None and res.rules() == [res.decided]
+    [rules] = res.rules()  # the search's decisions alone, printed by name (SearchedRules)
+    assert res.pipeline is None and (rules.decisions, rules.text) == (res.decided.decisions, res.decided.text)
     text = res.report()
     assert "no pipeline for 1 open gp.pipeline call (4 layers" in text and "the best pipelined plan" in text
     assert {t.axis for t in res.pipelines} == {"", "x", "y"}  # 4 layers: 2 stages x 2 repeats, or 4 stages
