@@ -197,7 +197,7 @@ def test_partitioner_bugs_of_the_classes_that_escaped_running_tests(monkeypatch)
     from gspmd_py.partitioner import program as pprogram
 
     monkeypatch.setenv("GSPMD_PY_VERIFY", "1")  # GSPMD_PY_VERIFY=plan would refuse these plans as they are made
-    monkeypatch.setattr(pprogram, "join", lambda ctx, x, partial, acc: x.astype(acc))  # counted on every device
+    monkeypatch.setattr(pprogram, "join", lambda ctx, x, partial, acc, zero=False: x.astype(acc))  # counted on every device
     found = gpt.check_plan(plan_of(grad_step, (gp.P("x", None), gp.P(None, "y")), (8, 16), (16, 12)))
     assert [(f.kind, f.axis) for f in found] == [("replicated-joins-partial", "x")]
     monkeypatch.undo()
